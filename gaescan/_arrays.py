@@ -1,0 +1,196 @@
+"""Array-library detection and zero-copy conversion.
+
+Detection never imports a library: an object's library is read from the
+module of its type, so ``import gaescan`` stays free of cupy, torch, dask and
+numba.cuda.  Every call works in one *compute namespace* — ``numpy`` for host
+arrays (NumPy, PyTorch CPU tensors, array-likes) or ``cupy`` for device arrays
+(CuPy, PyTorch CUDA tensors, any ``__cuda_array_interface__`` object) — and
+results are handed back in the caller's library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+
+# Python and NumPy scalars: they take part in a call but pick no library.
+SCALAR = "scalar"
+
+
+def _root_module(x: Any) -> str:
+    return type(x).__module__.partition(".")[0]
+
+
+def library_of(x: Any) -> str:
+    """Name the array library of ``x`` without importing anything.
+
+    Returns one of ``"numpy"``, ``"cupy"``, ``"torch"``, ``"dask"``,
+    ``"cuda"`` (another ``__cuda_array_interface__`` producer) or
+    ``"scalar"``.
+    """
+    if isinstance(x, np.ndarray):
+        return "numpy"
+    if isinstance(x, (numbers.Number, np.generic)):
+        return SCALAR
+    root = _root_module(x)
+    if root in ("cupy", "torch", "dask"):
+        return root
+    if hasattr(x, "__cuda_array_interface__"):
+        return "cuda"
+    if isinstance(x, (list, tuple)) or hasattr(x, "__array__"):
+        return "numpy"
+    raise TypeError(
+        f"unsupported argument of type {type(x).__module__}.{type(x).__qualname__}; "
+        "pass a NumPy, CuPy or PyTorch array (or a Python scalar where a scalar is allowed)"
+    )
+
+
+def _device_of(x: Any, lib: str) -> str:
+    if lib == "torch":
+        return str(x.device)
+    if lib == "cupy":
+        return f"cuda:{x.device.id}"
+    if lib == "cuda":
+        return "cuda"
+    return "cpu"
+
+
+def _describe(lib: str, device: str) -> str:
+    return f"{lib} ({device})" if lib in ("torch", "cupy") else lib
+
+
+@dataclass(frozen=True)
+class Context:
+    """How one call maps the caller's arrays to the compute namespace and back.
+
+    Attributes
+    ----------
+    library : str
+        The caller's array library (``"numpy"``, ``"cupy"``, ``"torch"``,
+        ``"cuda"``).
+    on_device : bool
+        True when the arrays live in GPU memory (compute namespace ``cupy``).
+    """
+
+    library: str
+    on_device: bool
+
+    @property
+    def xp(self) -> Any:
+        if not self.on_device:
+            return np
+        return _import_cupy()
+
+    def to_compute(self, x: Any) -> Any:
+        """Return a zero-copy view of ``x`` in the compute namespace (scalars pass through)."""
+        if x is None or library_of(x) == SCALAR:
+            return x
+        if self.library == "torch":
+            if not self.on_device:
+                x = x.detach()
+                if x.dtype.is_complex or str(x.dtype) == "torch.bfloat16":
+                    # NumPy has no bfloat16; complex is rejected later with a clear message.
+                    x = x.float() if not x.dtype.is_complex else x
+                return x.resolve_conj().numpy()
+            return self.xp.from_dlpack(x.detach())
+        if self.on_device:
+            return self.xp.asarray(x)
+        return np.asarray(x)
+
+    def from_compute(self, y: Any) -> Any:
+        """Hand a result back in the caller's library (zero-copy)."""
+        if self.library == "torch":
+            import torch  # already imported by the caller, who passed tensors
+
+            return torch.from_numpy(y) if not self.on_device else torch.from_dlpack(y)
+        return y
+
+    @contextlib.contextmanager
+    def stream(self) -> Iterator[None]:
+        """Make the caller's current stream CuPy's current stream for the call.
+
+        PyTorch users launch on ``torch.cuda.current_stream()``; CuPy users
+        already have CuPy's current stream.  Host calls need nothing.
+        """
+        if self.on_device and self.library == "torch":
+            import torch
+
+            cp = _import_cupy()
+            ptr = torch.cuda.current_stream().cuda_stream
+            with cp.cuda.ExternalStream(ptr):
+                yield
+        else:
+            yield
+
+
+def _import_cupy() -> Any:
+    try:
+        import cupy
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "device arrays need CuPy; install gaescan with the extra matching your CUDA "
+            "toolkit: pip install 'gaescan[cuda12]' or 'gaescan[cuda13]'"
+        ) from exc
+    return cupy
+
+
+def resolve(named: Mapping[str, Any]) -> Context:
+    """Find the single array library (and device) of a call's arguments.
+
+    Parameters
+    ----------
+    named : mapping of str to object
+        Every argument that may be an array, by parameter name (``None`` for
+        absent ones).
+
+    Raises
+    ------
+    TypeError
+        When arrays of different libraries or devices are mixed, naming them.
+    """
+    seen: dict[str, str] = {}  # description -> first parameter name
+    libs: set[str] = set()
+    for name, x in named.items():
+        if x is None:
+            continue
+        lib = library_of(x)
+        if lib == SCALAR:
+            continue
+        desc = _describe(lib, _device_of(x, lib))
+        seen.setdefault(desc, name)
+        libs.add(lib)
+    if len(seen) > 1:
+        parts = ", ".join(f"{name!r} is {desc}" for desc, name in seen.items())
+        raise TypeError(
+            f"all arrays of one call must come from the same array library and device, but {parts}; "
+            "convert them first (e.g. numpy.asarray, cupy.asarray or torch.as_tensor(..., device=...))"
+        )
+    if not libs:
+        raise TypeError("no array argument given: pass the data as an array, not only scalars")
+    (lib,) = libs
+    if lib == "dask":
+        raise TypeError(
+            "Dask arrays are not supported by this version of gaescan; "
+            "compute them first (x.compute()) or process blocks with map_blocks"
+        )
+    if lib == "torch":
+        (desc,) = seen
+        return Context("torch", on_device="cpu" not in desc)
+    return Context(lib, on_device=lib in ("cupy", "cuda"))
+
+
+def may_overlap(xp: Any, a: Any, b: Any) -> bool:
+    """Whether two arrays may share memory (exact for NumPy when cheap, else conservative)."""
+    if not xp.may_share_memory(a, b):
+        return False
+    if xp is np:
+        try:
+            return bool(np.shares_memory(a, b, max_work=10_000))
+        except np.exceptions.TooHardError:  # pragma: no cover - pathological strides
+            return True
+    return True
+

@@ -1,0 +1,266 @@
+"""Validation and normalisation: public arguments → a backend problem.
+
+Everything a backend may rely on (see :mod:`gaescan._problem`) is established
+here, once, for every backend: shapes, dtypes, the time axis, flags,
+coefficients, packing and the output views.  Nothing here reads array *values*
+on a device (that would synchronise the host); on the host, cheap value checks
+(coefficient ranges, ``cu_seqlens`` offsets) are made.
+"""
+
+from __future__ import annotations
+
+import numbers
+import operator
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from ._arrays import may_overlap
+from ._problem import Rows
+
+_NUMERIC_KINDS = "biuf"
+
+
+# --------------------------------------------------------------------------- dtypes
+
+
+def _check_numeric(x: Any, name: str) -> None:
+    if x.dtype.kind not in _NUMERIC_KINDS:
+        raise TypeError(
+            f"{name!r} must hold real numbers (bool, integer or float), got dtype {x.dtype}"
+        )
+
+
+def result_dtype(*arrays: Any) -> np.dtype:
+    """float64 if any float array is 64-bit or wider, else float32 (scalars are weak)."""
+    for x in arrays:
+        if x is not None and not _is_scalar(x) and x.dtype.kind == "f" and x.dtype.itemsize >= 8:
+            return np.dtype(np.float64)
+    return np.dtype(np.float32)
+
+
+def _is_scalar(x: Any) -> bool:
+    return isinstance(x, (numbers.Number, np.generic)) or (isinstance(x, np.ndarray) and x.ndim == 0)
+
+
+# --------------------------------------------------------------------------- layout
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the time axis is and how the input folds into ``(R, T)`` rows."""
+
+    shape: tuple
+    axis: int
+    R: int
+    T: int
+    batch_shape: tuple
+
+    def rows(self, xp: Any, x: Any) -> Any:
+        """An ``(R, T)`` view of ``x`` (a copy only when the batch axes cannot merge)."""
+        return xp.moveaxis(x, self.axis, -1).reshape(self.R, self.T)
+
+    def writable_rows(self, xp: Any, out: Any) -> Optional[Any]:
+        """An ``(R, T)`` view that writes through to ``out``, or ``None`` if none exists."""
+        moved = xp.moveaxis(out, self.axis, -1)
+        view = moved.reshape(self.R, self.T)
+        if view.size == 0 or xp.may_share_memory(view, moved):
+            return view
+        return None
+
+    def scatter_back(self, xp: Any, rows: Any, out: Any) -> None:
+        """Copy an ``(R, T)`` scratch result into ``out`` (non-mergeable layouts only)."""
+        moved = xp.moveaxis(out, self.axis, -1)
+        moved[...] = rows.reshape(moved.shape)
+
+
+def normalize_axis(axis: Any, ndim: int) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, (numbers.Integral, np.integer)):
+        raise TypeError(f"axis must be an integer, got {type(axis).__name__}")
+    axis = operator.index(axis)
+    if not -ndim <= axis < ndim:
+        raise ValueError(
+            f"axis {axis} is out of range for {ndim}-dimensional inputs "
+            f"(valid: {-ndim} .. {ndim - 1})"
+        )
+    return axis % ndim
+
+
+def layout_of(shape: tuple, axis: Any) -> Layout:
+    if len(shape) == 0:
+        raise ValueError("inputs must have at least one dimension (the time axis); got a 0-d array")
+    ax = normalize_axis(axis, len(shape))
+    T = int(shape[ax])
+    batch = tuple(int(n) for i, n in enumerate(shape) if i != ax)
+    return Layout(tuple(shape), ax, int(np.prod(batch, dtype=np.int64)), T, batch)
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+def data_array(xp: Any, x: Any, name: str) -> Any:
+    """A required or optional data/flag array: numeric, never a bare scalar."""
+    if x is None:
+        return None
+    if _is_scalar(x) and not isinstance(x, np.ndarray):
+        raise TypeError(f"{name!r} must be an array, got the scalar {x!r}")
+    _check_numeric(x, name)
+    return x
+
+
+def check_same_shape(ref_name: str, ref: Any, **others: Any) -> None:
+    for name, x in others.items():
+        if x is not None and tuple(x.shape) != tuple(ref.shape):
+            raise ValueError(
+                f"{name!r} has shape {tuple(x.shape)} but {ref_name!r} has shape "
+                f"{tuple(ref.shape)}; they must match exactly"
+            )
+
+
+def coefficient(
+    xp: Any, g: Any, name: str, shape: tuple, layout: Layout, dtype: np.dtype, unit_range: bool
+) -> Any:
+    """A Python float rounded to ``dtype``, or an ``(R, T)`` view broadcast from ``g``."""
+    if g is None:
+        raise TypeError(f"{name!r} is required")
+    if _is_scalar(g):
+        if isinstance(g, (bool, np.bool_)) or not isinstance(g, (numbers.Real, np.number, np.ndarray)):
+            raise TypeError(f"{name!r} must be a real number or an array, got {g!r}")
+        if isinstance(g, np.ndarray):
+            _check_numeric(g, name)
+        value = float(g)
+        if unit_range and not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name!r} must lie in [0, 1], got {value!r}")
+        return float(dtype.type(value))
+    _check_numeric(g, name)
+    try:
+        full = np.broadcast_shapes(tuple(g.shape), shape)
+    except ValueError:
+        full = None
+    if full != tuple(shape):
+        raise ValueError(
+            f"{name!r} of shape {tuple(g.shape)} does not broadcast to the input shape "
+            f"{tuple(shape)} (use a scalar, a per-row shape such as (B, 1), or the full shape)"
+        )
+    if unit_range and xp is np and g.size:
+        # Host arrays only: a device check would synchronise with the host.
+        lo, hi = np.min(g), np.max(g)
+        if np.isnan(lo) or np.isnan(hi) or lo < 0 or hi > 1:
+            raise ValueError(f"every element of {name!r} must lie in [0, 1] (got min {lo}, max {hi})")
+    return layout.rows(xp, xp.broadcast_to(g, shape))
+
+
+def boundary_value(xp: Any, v: Any, name: str, batch_shape: tuple, nseg: int, dtype: np.dtype) -> Any:
+    """``last_value`` / ``initial``: a float, or a length-``nseg`` array."""
+    if v is None:
+        return 0.0
+    if _is_scalar(v) and (xp is np or not hasattr(v, "__cuda_array_interface__")):
+        if isinstance(v, np.ndarray):
+            _check_numeric(v, name)
+        elif not isinstance(v, (numbers.Real, np.number, np.bool_)):
+            raise TypeError(f"{name!r} must be a real number or an array, got {v!r}")
+        return float(dtype.type(v))
+    _check_numeric(v, name)
+    if tuple(v.shape) != tuple(batch_shape) and v.ndim != 0:
+        raise ValueError(
+            f"{name!r} has shape {tuple(v.shape)}; it must be a scalar or have the batch "
+            f"shape {tuple(batch_shape)} (the input shape without the time axis)"
+        )
+    return xp.broadcast_to(v, batch_shape).reshape(nseg)
+
+
+def packed_offsets(xp: Any, cu: Any, shape: tuple, axis: Any) -> Any:
+    """Validate ``cu_seqlens`` for 1-D inputs; return them as int64."""
+    if _is_scalar(cu) or cu.ndim != 1 or cu.dtype.kind not in "iu":
+        dt = getattr(cu, "dtype", type(cu).__name__)
+        nd = getattr(cu, "ndim", 0)
+        raise TypeError(
+            f"cu_seqlens must be a 1-D integer array [0, c_1, ..., N], got {nd}-D of dtype {dt}"
+        )
+    if len(shape) != 1:
+        raise ValueError(
+            f"cu_seqlens packs 1-D inputs; got inputs of shape {tuple(shape)} "
+            "(flatten the packed sequences to one axis)"
+        )
+    normalize_axis(axis, 1)
+    if cu.shape[0] < 1:
+        raise ValueError("cu_seqlens must hold at least one offset ([0] for no sequence)")
+    N = shape[0]
+    if xp is np:
+        c = cu.astype(np.int64, copy=False)
+        if c[0] != 0:
+            raise ValueError(f"cu_seqlens must start at 0, got {c[0]}")
+        if c[-1] != N:
+            raise ValueError(f"cu_seqlens must end at the input length {N}, got {c[-1]}")
+        if c.shape[0] > 1 and np.any(np.diff(c) < 0):
+            i = int(np.argmax(np.diff(c) < 0))
+            raise ValueError(
+                f"cu_seqlens must be non-decreasing, but cu_seqlens[{i}]={c[i]} > cu_seqlens[{i + 1}]={c[i + 1]}"
+            )
+        return np.ascontiguousarray(c)
+    return xp.ascontiguousarray(cu.astype(xp.int64, copy=False))
+
+
+def make_rows(xp: Any, dtype: np.dtype, layout: Layout, cu: Any) -> Rows:
+    nseg = layout.R if cu is None else int(cu.shape[0]) - 1
+    return Rows(xp=xp, dtype=dtype, R=layout.R, T=layout.T, cu_seqlens=cu, nseg=nseg)
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+@dataclass
+class Output:
+    """One output: the array the caller gets, and the rows view a backend writes."""
+
+    array: Any
+    rows: Any
+    scratch: bool  # rows is a separate buffer to copy back into array
+
+
+def outputs(
+    xp: Any,
+    out: Any,
+    count: int,
+    layout: Layout,
+    dtype: np.dtype,
+    inputs: Sequence[tuple[str, Any]],
+) -> list[Output]:
+    """Allocate (or check the caller's ``out=``) and build writable row views."""
+    if out is None:
+        arrays = [xp.empty(layout.shape, dtype=dtype) for _ in range(count)]
+    else:
+        arrays = list(out) if count > 1 else [out]
+        if count > 1 and (isinstance(out, (str, bytes)) or len(arrays) != count):
+            raise ValueError(f"out must be a sequence of {count} arrays (one per output)")
+        for i, o in enumerate(arrays):
+            name = f"out[{i}]" if count > 1 else "out"
+            if tuple(o.shape) != tuple(layout.shape) or o.dtype != dtype:
+                raise ValueError(
+                    f"{name} must have the result's shape {tuple(layout.shape)} and dtype {dtype}, "
+                    f"got shape {tuple(o.shape)} and dtype {o.dtype}"
+                )
+            if xp is np and not o.flags.writeable:
+                raise ValueError(f"{name} is read-only")
+            for in_name, x in inputs:
+                if x is not None and not _is_scalar(x) and x.size and o.size and may_overlap(xp, o, x):
+                    raise ValueError(f"{name} overlaps the input {in_name!r}; outputs must not alias inputs")
+        for i in range(count):
+            for j in range(i):
+                if arrays[i].size and may_overlap(xp, arrays[i], arrays[j]):
+                    raise ValueError(f"out[{j}] and out[{i}] overlap; each output needs its own memory")
+    result = []
+    for a in arrays:
+        rows = layout.writable_rows(xp, a)
+        if rows is None:
+            result.append(Output(a, xp.empty((layout.R, layout.T), dtype=dtype), True))
+        else:
+            result.append(Output(a, rows, False))
+    return result
+
+
+def finish(xp: Any, layout: Layout, outs: list[Output]) -> None:
+    for o in outs:
+        if o.scratch:
+            layout.scatter_back(xp, o.rows, o.array)
