@@ -1,0 +1,284 @@
+"""The ``"numpy"`` backend: a chunk-parallel scan written against the array API.
+
+Every call reduces to one reverse linear recurrence per row,
+``y_t = a_t · y_{t+1} + b_t`` with ``y_T = init``, solved in three steps:
+
+1. *in-chunk scan*: time is cut into chunks of ``C`` steps (``_config``
+   tunable ``numpy_chunk``).  Each chunk is scanned with a zero carry-in —
+   with a constant ``a`` as one matrix product against the ``C × C`` kernel
+   ``K[i, j] = a^(j−i)`` (the published chunk-scan); with per-step ``a`` as
+   ``C`` vectorised steps over all chunks at once, keeping the running decay
+   product ``P_i = a_i ··· a_{C−1}``;
+2. *carry pass*: the chunk summaries ``(P_0, y_0)`` form the same recurrence
+   one level up (``T / C`` steps), solved recursively;
+3. *fix-up*: ``y_i += P_i · carry_in``.
+
+Memory is a few times the input, never ``T × T`` nor ``C × C`` per chunk.
+The code only uses functions shared by NumPy and CuPy, so it runs on both
+(CuPy arrays stay on the device; nothing is read back to the host).
+Flags, masks and packing become coefficients: a done sets ``a_t = 0`` (a
+select, so nothing crosses it), a masked position passes the carry through
+(``a_t = 1``, ``b_t = 0``) and its output is zeroed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from .. import _config
+from .._problem import Coeff, GAEProblem, ReturnsProblem, Rows, ScanProblem
+
+# --------------------------------------------------------------------------- the scan
+
+
+def _serial(xp: Any, a: Coeff, b: Any, init: Any) -> Any:
+    """Reference-order loop over the (short) time axis, vectorised over rows."""
+    T = b.shape[1]
+    y = xp.empty_like(b)
+    carry = init
+    scalar = isinstance(a, float)
+    for t in range(T - 1, -1, -1):
+        carry = (a if scalar else a[:, t]) * carry + b[:, t]
+        y[:, t] = carry
+    return y
+
+
+def _pad_end(xp: Any, x: Any, n: int, fill: float) -> Any:
+    if n == 0:
+        return x
+    tail = xp.full((x.shape[0], n), fill, dtype=x.dtype)
+    return xp.concatenate([x, tail], axis=1)
+
+
+def reverse_scan(xp: Any, a: Coeff, b: Any, init: Any, chunk: int) -> Any:
+    """Solve ``y_t = a_t y_{t+1} + b_t`` (``y_T = init``) along axis 1 of ``(R, T)`` arrays.
+
+    Parameters
+    ----------
+    a : float or array
+        A constant of ``b``'s dtype, or an ``(R, T)`` array.
+    b : array
+        ``(R, T)``.
+    init : array
+        ``(R,)`` boundary values.
+    chunk : int
+        Chunk length ``C >= 2``.
+    """
+    R, T = b.shape
+    if T <= chunk:
+        return _serial(xp, a, b, init)
+    C = chunk
+    nC = -(-T // C)
+    pad = nC * C - T
+    dtype = b.dtype
+    # Padding steps at the end are identities: (a, b) = (1, 0).
+    b3 = _pad_end(xp, b, pad, 0.0).reshape(R, nC, C)
+    if isinstance(a, float):
+        ar = dtype.type(a)
+        # K[i, j] = a^(j - i) for j >= i: row i of the chunk sums its future.
+        expo = xp.arange(C)[None, :] - xp.arange(C)[:, None]
+        K = xp.where(expo >= 0, ar ** xp.maximum(expo, 0).astype(dtype), dtype.type(0)).astype(dtype)
+        local = xp.matmul(b3.reshape(R * nC, C), K.T).reshape(R, nC, C)
+        decay = (ar ** xp.arange(C, 0, -1).astype(dtype)).astype(dtype)  # P_i = a^(C - i)
+        heads = xp.ascontiguousarray(local[:, :, 0])
+        chunk_a: Coeff = float(ar ** dtype.type(C))
+        y_heads = reverse_scan(xp, chunk_a, heads, init, C)
+        carry = xp.concatenate([y_heads[:, 1:], init[:, None]], axis=1)
+        local += carry[:, :, None] * decay
+        return local.reshape(R, nC * C)[:, :T]
+    a3 = _pad_end(xp, a, pad, 1.0).reshape(R, nC, C)
+    # Chunk position first: each of the C steps below is one contiguous slab.
+    aT = xp.ascontiguousarray(xp.moveaxis(a3, 2, 0))
+    yT = xp.ascontiguousarray(xp.moveaxis(b3, 2, 0))
+    PT = xp.empty_like(aT)
+    PT[C - 1] = aT[C - 1]
+    for i in range(C - 2, -1, -1):
+        yT[i] += aT[i] * yT[i + 1]
+        xp.multiply(aT[i], PT[i + 1], out=PT[i])
+    y_heads = reverse_scan(xp, xp.ascontiguousarray(PT[0]), xp.ascontiguousarray(yT[0]), init, C)
+    carry = xp.concatenate([y_heads[:, 1:], init[:, None]], axis=1)
+    yT += PT * carry[None, :, :]
+    return xp.moveaxis(yT, 0, 2).reshape(R, nC * C)[:, :T]
+
+
+# --------------------------------------------------------------------------- normalisation
+
+
+def _data(x: Any, rows: Rows) -> Any:
+    return x.astype(rows.dtype, copy=False)
+
+
+def _coeff(c: Coeff, rows: Rows) -> Any:
+    return c if isinstance(c, float) else _data(c, rows)
+
+
+def _typed(c: Coeff, dtype: np.dtype) -> Any:
+    """A scalar coefficient as a NumPy scalar of ``dtype`` (keeps float32 math float32)."""
+    return dtype.type(c) if isinstance(c, float) else c
+
+
+def _flag(x: Optional[Any]) -> Optional[Any]:
+    return None if x is None else x != 0
+
+
+def _bound(v: Coeff, rows: Rows) -> Any:
+    if isinstance(v, float):
+        return rows.xp.full(rows.nseg, v, dtype=rows.dtype)
+    return _data(v, rows)
+
+
+def _either(xp: Any, x: Optional[Any], y: Optional[Any]) -> Optional[Any]:
+    if x is None:
+        return y
+    return x if y is None else xp.logical_or(x, y)
+
+
+def _chunk() -> int:
+    C = int(_config.get("numpy_chunk"))
+    if C < 2:
+        raise ValueError(f"numpy_chunk must be at least 2, got {C}")
+    return C
+
+
+class _Frame:
+    """Per-row boundaries of a problem: where sequences end and what follows them.
+
+    For ordinary rows the boundary is the end of the row (scan ``init``).
+    For packed rows, the last position of each non-empty segment is marked
+    ``last`` and carries its segment's boundary value ``after``; the scan runs
+    over the single row with ``init = 0``.
+    """
+
+    def __init__(self, rows: Rows, bound: Coeff):
+        xp = rows.xp
+        self.rows = rows
+        b = _bound(bound, rows)
+        if rows.cu_seqlens is None:
+            self.init = b
+            self.last = None
+            self.after = None
+            return
+        cu = rows.cu_seqlens
+        T = rows.T
+        ends = cu[1:]
+        # Empty segments scatter into a dummy slot past the end.
+        target = xp.where(ends > cu[:-1], ends - 1, T)
+        last = xp.zeros(T + 1, dtype=bool)
+        last[target] = True
+        after = xp.zeros(T + 1, dtype=rows.dtype)
+        after[target] = b
+        self.init = xp.zeros(1, dtype=rows.dtype)
+        self.last = last[None, :T]
+        self.after = after[None, :T]
+
+    def next_valid(self, x: Any, valid: Optional[Any]) -> Any:
+        """``x`` at the next valid position of the same sequence, else the boundary value."""
+        xp = self.rows.xp
+        dt = self.rows.dtype
+        if valid is None and self.last is None:
+            return xp.concatenate([x[:, 1:], self.init[:, None]], axis=1)
+        # z_t = x_t at valid t, else z_{t+1}; a sequence end restarts from its boundary.
+        zero = dt.type(0)
+        keep = xp.ones_like(x) if valid is None else xp.where(valid, zero, dt.type(1))
+        b = x if valid is None else xp.where(valid, x, zero)
+        if self.last is not None:
+            keep = xp.where(self.last, zero, keep)
+            b = xp.where(self.last & ~valid, self.after, b) if valid is not None else b
+        z = reverse_scan(xp, keep, b, self.init, _chunk())
+        shifted = xp.concatenate([z[:, 1:], self.init[:, None]], axis=1)
+        if self.last is not None:
+            shifted = xp.where(self.last, self.after, shifted)
+        return shifted
+
+
+def _finish(xp: Any, y: Any, valid: Optional[Any], out: Any, plus: Any = None) -> None:
+    if plus is not None:
+        y = y + plus
+    out[...] = y if valid is None else xp.where(valid, y, y.dtype.type(0))
+
+
+# --------------------------------------------------------------------------- backend functions
+
+
+def gae(p: GAEProblem) -> None:
+    rows, xp, dt = p.rows, p.rows.xp, p.rows.dtype
+    zero = dt.type(0)
+    frame = _Frame(rows, p.last_value)
+    valid = _flag(p.mask)
+    term = _flag(p.terminated)
+    done = _either(xp, term, _flag(p.truncated))
+    r = _data(p.rewards, rows)
+    v = _data(p.values, rows)
+    gamma = _coeff(p.gamma, rows)
+    lam = _coeff(p.lam, rows)
+    with np.errstate(invalid="ignore", over="ignore"):
+        nv = _data(p.next_values, rows) if p.next_values is not None else frame.next_valid(v, valid)
+        boot = _typed(gamma, dt) * nv
+        if term is not None:
+            boot = xp.where(term, zero, boot)
+        delta = r + boot - v
+        if valid is not None:
+            delta = xp.where(valid, delta, zero)
+        if isinstance(gamma, float) and isinstance(lam, float):
+            decay: Coeff = float(dt.type(gamma) * dt.type(lam))
+        else:
+            decay = _typed(gamma, dt) * _typed(lam, dt)
+        decay = _cut(xp, rows, decay, done, valid, frame)
+        adv = reverse_scan(xp, decay, delta, xp.zeros(rows.R, dtype=dt), _chunk())
+        _finish(xp, adv, valid, p.advantages)
+        _finish(xp, adv, valid, p.returns, plus=v)
+
+
+def _cut(xp: Any, rows: Rows, decay: Coeff, done: Optional[Any], valid: Optional[Any], frame: _Frame) -> Coeff:
+    """Per-step decay: 0 after a done or a sequence end, 1 through masked positions."""
+    dt = rows.dtype
+    if done is None and valid is None and frame.last is None:
+        return decay
+    if isinstance(decay, float):
+        decay = xp.full((rows.R, rows.T), decay, dtype=dt)
+    if done is not None:
+        decay = xp.where(done, dt.type(0), decay)
+    if valid is not None:
+        decay = xp.where(valid, decay, dt.type(1))
+    if frame.last is not None:
+        decay = xp.where(frame.last, dt.type(0), decay)
+    return decay
+
+
+def discounted_returns(p: ReturnsProblem) -> None:
+    rows, xp, dt = p.rows, p.rows.xp, p.rows.dtype
+    zero = dt.type(0)
+    frame = _Frame(rows, p.last_value)
+    valid = _flag(p.mask)
+    r = _data(p.rewards, rows)
+    with np.errstate(invalid="ignore", over="ignore"):
+        b = r if valid is None else xp.where(valid, r, zero)
+        dn = _flag(p.dones)
+        if frame.last is not None:
+            # G past a segment end is its last_value: fold it into b at the end step.
+            boot = _typed(_coeff(p.gamma, rows), dt) * frame.after
+            if dn is not None:
+                boot = xp.where(dn, zero, boot)
+            if valid is not None:
+                # A masked last position hands the boundary value on unchanged.
+                b = xp.where(frame.last & ~valid, frame.after, xp.where(frame.last, b + boot, b))
+            else:
+                b = xp.where(frame.last, b + boot, b)
+        decay = _cut(xp, rows, _coeff(p.gamma, rows), dn, valid, frame)
+        y = reverse_scan(xp, decay, b, frame.init, _chunk())
+        _finish(xp, y, valid, p.returns)
+
+
+def linear_scan(p: ScanProblem) -> None:
+    rows, xp = p.rows, p.rows.xp
+    a = _coeff(p.a, rows)
+    b = _data(p.b, rows)
+    init = _bound(p.initial, rows)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if p.reverse:
+            p.out[...] = reverse_scan(xp, a, b, init, _chunk())
+        else:
+            flip = a if isinstance(a, float) else a[:, ::-1]
+            p.out[...] = reverse_scan(xp, flip, b[:, ::-1], init, _chunk())[:, ::-1]
