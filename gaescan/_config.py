@@ -16,6 +16,9 @@ DEFAULTS: dict[str, Any] = {
     # loop of this many vectorised steps, so it trades loop overhead against
     # the size of the carry pass).
     "numpy_chunk": 32,
+    # Host arrays are processed in groups of rows of about this many elements,
+    # so that the chunk scan's passes hit the cache rather than main memory.
+    "numpy_block_elems": 1 << 18,
 }
 
 _local = threading.local()

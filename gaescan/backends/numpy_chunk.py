@@ -23,7 +23,8 @@ select, so nothing crosses it), a masked position passes the carry through
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import dataclasses
+from typing import Any, Iterator, Optional, TypeVar
 
 import numpy as np
 
@@ -81,26 +82,27 @@ def reverse_scan(xp: Any, a: Coeff, b: Any, init: Any, chunk: int) -> Any:
         expo = xp.arange(C)[None, :] - xp.arange(C)[:, None]
         K = xp.where(expo >= 0, ar ** xp.maximum(expo, 0).astype(dtype), dtype.type(0)).astype(dtype)
         local = xp.matmul(b3.reshape(R * nC, C), K.T).reshape(R, nC, C)
-        decay = (ar ** xp.arange(C, 0, -1).astype(dtype)).astype(dtype)  # P_i = a^(C - i)
         heads = xp.ascontiguousarray(local[:, :, 0])
-        chunk_a: Coeff = float(ar ** dtype.type(C))
-        y_heads = reverse_scan(xp, chunk_a, heads, init, C)
+        y_heads = reverse_scan(xp, float(ar ** dtype.type(C)), heads, init, C)
         carry = xp.concatenate([y_heads[:, 1:], init[:, None]], axis=1)
-        local += carry[:, :, None] * decay
+        # Fix-up, one chunk position at a time: no full-size temporary.
+        decay = ar ** xp.arange(C, 0, -1).astype(dtype)  # a^(C - i)
+        for i in range(C):
+            local[:, :, i] += carry * decay[i]
         return local.reshape(R, nC * C)[:, :T]
+    # Per-step decays: C vectorised steps, each over position i of every chunk.
     a3 = _pad_end(xp, a, pad, 1.0).reshape(R, nC, C)
-    # Chunk position first: each of the C steps below is one contiguous slab.
-    aT = xp.ascontiguousarray(xp.moveaxis(a3, 2, 0))
-    yT = xp.ascontiguousarray(xp.moveaxis(b3, 2, 0))
-    PT = xp.empty_like(aT)
-    PT[C - 1] = aT[C - 1]
+    y3 = xp.array(b3, copy=True)
+    P3 = xp.empty_like(y3)
+    P3[:, :, C - 1] = a3[:, :, C - 1]
     for i in range(C - 2, -1, -1):
-        yT[i] += aT[i] * yT[i + 1]
-        xp.multiply(aT[i], PT[i + 1], out=PT[i])
-    y_heads = reverse_scan(xp, xp.ascontiguousarray(PT[0]), xp.ascontiguousarray(yT[0]), init, C)
+        y3[:, :, i] += a3[:, :, i] * y3[:, :, i + 1]
+        xp.multiply(a3[:, :, i], P3[:, :, i + 1], out=P3[:, :, i])
+    y_heads = reverse_scan(xp, xp.ascontiguousarray(P3[:, :, 0]), xp.ascontiguousarray(y3[:, :, 0]), init, C)
     carry = xp.concatenate([y_heads[:, 1:], init[:, None]], axis=1)
-    yT += PT * carry[None, :, :]
-    return xp.moveaxis(yT, 0, 2).reshape(R, nC * C)[:, :T]
+    P3 *= carry[:, :, None]
+    y3 += P3
+    return y3.reshape(R, nC * C)[:, :T]
 
 
 # --------------------------------------------------------------------------- normalisation
@@ -199,10 +201,60 @@ def _finish(xp: Any, y: Any, valid: Optional[Any], out: Any, plus: Any = None) -
     out[...] = y if valid is None else xp.where(valid, y, y.dtype.type(0))
 
 
+# --------------------------------------------------------------------------- row blocks
+
+P = TypeVar("P", GAEProblem, ReturnsProblem, ScanProblem)
+
+
+def _row_blocks(p: P) -> Iterator[P]:
+    """Split a host problem into groups of rows small enough to stay in cache.
+
+    Every pass of the chunk scan then re-reads cached data instead of main
+    memory.  Device problems run as one block: there each pass is one kernel
+    launch, and launches, not bandwidth, are what blocks would multiply.
+    """
+    rows = p.rows
+    if rows.xp is not np or rows.cu_seqlens is not None:
+        yield p
+        return
+    per = max(1, int(_config.get("numpy_block_elems")) // max(rows.T, 1))
+    if per >= rows.R:
+        yield p
+        return
+    for r0 in range(0, rows.R, per):
+        r1 = min(rows.R, r0 + per)
+        sub = dataclasses.replace(rows, R=r1 - r0, nseg=r1 - r0)
+        fields = {}
+        for f in dataclasses.fields(p):
+            x = getattr(p, f.name)
+            if f.name == "rows":
+                fields[f.name] = sub
+            elif x is None or isinstance(x, (float, bool)):
+                fields[f.name] = x
+            else:
+                fields[f.name] = x[r0:r1]
+        yield dataclasses.replace(p, **fields)
+
+
 # --------------------------------------------------------------------------- backend functions
 
 
 def gae(p: GAEProblem) -> None:
+    for block in _row_blocks(p):
+        _gae(block)
+
+
+def discounted_returns(p: ReturnsProblem) -> None:
+    for block in _row_blocks(p):
+        _returns(block)
+
+
+def linear_scan(p: ScanProblem) -> None:
+    for block in _row_blocks(p):
+        _scan(block)
+
+
+def _gae(p: GAEProblem) -> None:
     rows, xp, dt = p.rows, p.rows.xp, p.rows.dtype
     zero = dt.type(0)
     frame = _Frame(rows, p.last_value)
@@ -214,13 +266,21 @@ def gae(p: GAEProblem) -> None:
     gamma = _coeff(p.gamma, rows)
     lam = _coeff(p.lam, rows)
     with np.errstate(invalid="ignore", over="ignore"):
-        nv = _data(p.next_values, rows) if p.next_values is not None else frame.next_valid(v, valid)
-        boot = _typed(gamma, dt) * nv
+        g = _typed(gamma, dt)
+        if p.next_values is not None:
+            boot = g * _data(p.next_values, rows)
+        elif valid is None and frame.last is None:
+            # V'_t = V_{t+1}: the shift, without materialising it.
+            boot = xp.empty_like(r)
+            xp.multiply(g if isinstance(gamma, float) else g[:, :-1], v[:, 1:], out=boot[:, :-1])
+            boot[:, -1] = (g if isinstance(gamma, float) else g[:, -1]) * frame.init
+        else:
+            boot = g * frame.next_valid(v, valid)
         if term is not None:
             boot = xp.where(term, zero, boot)
-        delta = r + boot - v
-        if valid is not None:
-            delta = xp.where(valid, delta, zero)
+        boot += r
+        boot -= v
+        delta = boot if valid is None else xp.where(valid, boot, zero)
         if isinstance(gamma, float) and isinstance(lam, float):
             decay: Coeff = float(dt.type(gamma) * dt.type(lam))
         else:
@@ -247,7 +307,7 @@ def _cut(xp: Any, rows: Rows, decay: Coeff, done: Optional[Any], valid: Optional
     return decay
 
 
-def discounted_returns(p: ReturnsProblem) -> None:
+def _returns(p: ReturnsProblem) -> None:
     rows, xp, dt = p.rows, p.rows.xp, p.rows.dtype
     zero = dt.type(0)
     frame = _Frame(rows, p.last_value)
@@ -271,7 +331,7 @@ def discounted_returns(p: ReturnsProblem) -> None:
         _finish(xp, y, valid, p.returns)
 
 
-def linear_scan(p: ScanProblem) -> None:
+def _scan(p: ScanProblem) -> None:
     rows, xp = p.rows, p.rows.xp
     a = _coeff(p.a, rows)
     b = _data(p.b, rows)
