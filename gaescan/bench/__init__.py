@@ -1,0 +1,1 @@
+"""Benchmarks and baselines (imported only by benchmark code, never by ``gaescan``)."""
