@@ -59,10 +59,14 @@ class Layout:
 
     def rows(self, xp: Any, x: Any) -> Any:
         """An ``(R, T)`` view of ``x`` (a copy only when the batch axes cannot merge)."""
+        if x.ndim == 2 and self.axis == 1:
+            return x
         return xp.moveaxis(x, self.axis, -1).reshape(self.R, self.T)
 
     def writable_rows(self, xp: Any, out: Any) -> Optional[Any]:
         """An ``(R, T)`` view that writes through to ``out``, or ``None`` if none exists."""
+        if out.ndim == 2 and self.axis == 1:
+            return out
         moved = xp.moveaxis(out, self.axis, -1)
         view = moved.reshape(self.R, self.T)
         if view.size == 0 or xp.may_share_memory(view, moved):
