@@ -34,6 +34,12 @@ from .._problem import Coeff, GAEProblem, ReturnsProblem, Rows, ScanProblem
 # --------------------------------------------------------------------------- the scan
 
 
+def _step(xp: Any, a: Any, y: Any, b: Any) -> Any:
+    """``a·y + b`` where a zero ``a`` is a select (``b``): nothing crosses a cut,
+    not even a NaN or an infinity."""
+    return b + xp.where(a == 0, a.dtype.type(0), a * y)
+
+
 def _serial(xp: Any, a: Coeff, b: Any, init: Any) -> Any:
     """Reference-order loop over the (short) time axis, vectorised over rows."""
     T = b.shape[1]
@@ -41,20 +47,23 @@ def _serial(xp: Any, a: Coeff, b: Any, init: Any) -> Any:
     carry = init
     scalar = isinstance(a, float)
     for t in range(T - 1, -1, -1):
-        carry = (a if scalar else a[:, t]) * carry + b[:, t]
+        carry = a * carry + b[:, t] if scalar else _step(xp, a[:, t], carry, b[:, t])
         y[:, t] = carry
     return y
 
 
-def _pad_end(xp: Any, x: Any, n: int, fill: float) -> Any:
+def _pad_front(xp: Any, x: Any, n: int) -> Any:
+    # Steps before t = 0 never influence a reverse scan's outputs.
     if n == 0:
         return x
-    tail = xp.full((x.shape[0], n), fill, dtype=x.dtype)
-    return xp.concatenate([x, tail], axis=1)
+    head = xp.zeros((x.shape[0], n), dtype=x.dtype)
+    return xp.concatenate([head, x], axis=1)
 
 
 def reverse_scan(xp: Any, a: Coeff, b: Any, init: Any, chunk: int) -> Any:
     """Solve ``y_t = a_t y_{t+1} + b_t`` (``y_T = init``) along axis 1 of ``(R, T)`` arrays.
+
+    A zero ``a_t`` is a select (``y_t = b_t``), never a multiplication by zero.
 
     Parameters
     ----------
@@ -68,14 +77,15 @@ def reverse_scan(xp: Any, a: Coeff, b: Any, init: Any, chunk: int) -> Any:
         Chunk length ``C >= 2``.
     """
     R, T = b.shape
+    dtype = b.dtype
+    if isinstance(a, float) and a == 0:
+        return xp.array(b, dtype=dtype, copy=True)
     if T <= chunk:
         return _serial(xp, a, b, init)
     C = chunk
     nC = -(-T // C)
     pad = nC * C - T
-    dtype = b.dtype
-    # Padding steps at the end are identities: (a, b) = (1, 0).
-    b3 = _pad_end(xp, b, pad, 0.0).reshape(R, nC, C)
+    b3 = _pad_front(xp, b, pad).reshape(R, nC, C)
     if isinstance(a, float):
         ar = dtype.type(a)
         # K[i, j] = a^(j - i) for j >= i: row i of the chunk sums its future.
@@ -89,20 +99,18 @@ def reverse_scan(xp: Any, a: Coeff, b: Any, init: Any, chunk: int) -> Any:
         decay = ar ** xp.arange(C, 0, -1).astype(dtype)  # a^(C - i)
         for i in range(C):
             local[:, :, i] += carry * decay[i]
-        return local.reshape(R, nC * C)[:, :T]
+        return local.reshape(R, nC * C)[:, pad:]
     # Per-step decays: C vectorised steps, each over position i of every chunk.
-    a3 = _pad_end(xp, a, pad, 1.0).reshape(R, nC, C)
+    a3 = _pad_front(xp, a, pad).reshape(R, nC, C)
     y3 = xp.array(b3, copy=True)
     P3 = xp.empty_like(y3)
     P3[:, :, C - 1] = a3[:, :, C - 1]
     for i in range(C - 2, -1, -1):
-        y3[:, :, i] += a3[:, :, i] * y3[:, :, i + 1]
+        y3[:, :, i] = _step(xp, a3[:, :, i], y3[:, :, i + 1], y3[:, :, i])
         xp.multiply(a3[:, :, i], P3[:, :, i + 1], out=P3[:, :, i])
     y_heads = reverse_scan(xp, xp.ascontiguousarray(P3[:, :, 0]), xp.ascontiguousarray(y3[:, :, 0]), init, C)
     carry = xp.concatenate([y_heads[:, 1:], init[:, None]], axis=1)
-    P3 *= carry[:, :, None]
-    y3 += P3
-    return y3.reshape(R, nC * C)[:, :T]
+    return _step(xp, P3, carry[:, :, None], y3).reshape(R, nC * C)[:, pad:]
 
 
 # --------------------------------------------------------------------------- normalisation
@@ -179,15 +187,16 @@ class _Frame:
         """``x`` at the next valid position of the same sequence, else the boundary value."""
         xp = self.rows.xp
         dt = self.rows.dtype
-        if valid is None and self.last is None:
-            return xp.concatenate([x[:, 1:], self.init[:, None]], axis=1)
+        if valid is None:
+            shifted = xp.concatenate([x[:, 1:], self.init[:, None]], axis=1)
+            return shifted if self.last is None else xp.where(self.last, self.after, shifted)
         # z_t = x_t at valid t, else z_{t+1}; a sequence end restarts from its boundary.
         zero = dt.type(0)
-        keep = xp.ones_like(x) if valid is None else xp.where(valid, zero, dt.type(1))
-        b = x if valid is None else xp.where(valid, x, zero)
+        keep = xp.where(valid, zero, dt.type(1))
+        b = xp.where(valid, x, zero)
         if self.last is not None:
             keep = xp.where(self.last, zero, keep)
-            b = xp.where(self.last & ~valid, self.after, b) if valid is not None else b
+            b = xp.where(self.last & ~valid, self.after, b)
         z = reverse_scan(xp, keep, b, self.init, _chunk())
         shifted = xp.concatenate([z[:, 1:], self.init[:, None]], axis=1)
         if self.last is not None:
