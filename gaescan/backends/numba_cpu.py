@@ -2,6 +2,18 @@
 
 Casting to the kernels' uniform argument kinds happens here (see
 :mod:`gaescan.kernels.cpu`); the kernels only loop.
+
+Dispatch for :func:`gae`: the fused fast kernels take every call without
+``next_values``/``truncated``/``mask``/``cu_seqlens`` whose γ and λ are scalars
+or per-row; time-major row views (time stride ≥ batch stride, all arrays
+C-contiguous once transposed) go to the kernel that vectorises across the
+batch, everything else to the fused batch-major kernel (any strides).  The
+rest goes to the general serial kernels.
+
+Copies (documented costs, all O(rows) except the last two): per-row
+coefficient columns and boundary values; data arrays not already of the
+output dtype (float16 / integer inputs) are cast, and flags wider than one
+byte (int32/float flags) are compared to 0, each an O(R·T) temporary.
 """
 
 from __future__ import annotations
@@ -14,6 +26,11 @@ from .._problem import Coeff, GAEProblem, ReturnsProblem, Rows, ScanProblem
 from ..kernels import cpu
 
 _NO_OFFSETS = np.zeros(1, dtype=np.int64)
+_NO_FLAGS = np.zeros((1, 1), dtype=np.uint8)
+_ZERO8 = np.zeros(1, dtype=np.uint8)
+_ZERO8.flags.writeable = False
+_ONE8 = np.ones(1, dtype=np.uint8)
+_ONE8.flags.writeable = False
 
 
 def _data(x: Any, rows: Rows) -> np.ndarray:
@@ -28,8 +45,8 @@ def _coeff(c: Coeff, rows: Rows) -> np.ndarray:
 
 def _flag(x: Optional[Any], rows: Rows, absent: bool) -> np.ndarray:
     if x is None:
-        return np.broadcast_to(np.bool_(absent), (rows.R, rows.T))
-    return x if x.dtype == np.bool_ else x != 0
+        return np.ndarray((rows.R, rows.T), np.uint8, _ONE8 if absent else _ZERO8, 0, (0, 0))
+    return _flag8(x)
 
 
 def _bound(v: Coeff, rows: Rows) -> np.ndarray:
@@ -44,8 +61,36 @@ def _offsets(rows: Rows) -> tuple[np.ndarray, bool]:
     return rows.cu_seqlens, True
 
 
+def _flag8(x: Any) -> np.ndarray:
+    """A flag as uint8 (nonzero = true): a free view for 1-byte flags."""
+    if x.dtype.itemsize == 1 and x.dtype.kind in "biu":
+        return x.view(np.uint8)
+    return (x != 0).view(np.uint8)
+
+
+def _column(c: Coeff, rows: Rows) -> Optional[np.ndarray]:
+    """A scalar or per-row coefficient as a contiguous ``(R,)`` array; ``None``
+    when it varies along time."""
+    if isinstance(c, float):
+        return np.full(rows.R, c, dtype=rows.dtype)
+    if rows.T == 1 or c.strides[1] == 0:
+        return np.ascontiguousarray(c[:, 0], dtype=rows.dtype)
+    return None
+
+
+def _time_major(*arrays: np.ndarray) -> bool:
+    return all(a.T.flags.c_contiguous for a in arrays)
+
+
 def gae(p: GAEProblem) -> None:
     rows = p.rows
+    if (p.next_values is None and p.truncated is None and p.mask is None
+            and rows.cu_seqlens is None):
+        gcol = _column(p.gamma, rows)
+        lcol = _column(p.lam, rows) if gcol is not None else None
+        if gcol is not None and lcol is not None:
+            _gae_fast(p, rows, gcol, lcol)
+            return
     values = _data(p.values, rows)
     cu, packed = _offsets(rows)
     cpu.gae_rows(
@@ -56,6 +101,25 @@ def gae(p: GAEProblem) -> None:
         p.next_values is not None, _bound(p.last_value, rows), cu, packed,
         rows.dtype.type(0), p.advantages, p.returns,
     )
+
+
+def _gae_fast(p: GAEProblem, rows: Rows, gcol: np.ndarray, lcol: np.ndarray) -> None:
+    ft = rows.dtype.type
+    r = _data(p.rewards, rows)
+    v = _data(p.values, rows)
+    term = None if p.terminated is None else _flag8(p.terminated)
+    bound = _bound(p.last_value, rows)
+    adv, ret = p.advantages, p.returns
+    tm = (rows.R > 1 and rows.T > 1 and r.strides[1] > r.strides[0]
+          and _time_major(r, v, adv, ret) and (term is None or _time_major(term)))
+    if tm:
+        cpu.gae_timemajor(r.T, v.T, _NO_FLAGS if term is None else term.T, term is not None,
+                          gcol, lcol, bound, ft(0), adv.T, ret.T)
+        return
+    if term is None:
+        # a zero-stride view of 0 (the ndarray constructor is cheaper than broadcast_to)
+        term = np.ndarray((rows.R, rows.T), np.uint8, _ZERO8, 0, (0, 0))
+    cpu.gae_rows_fused(r, v, term, gcol, lcol, bound, ft(0), adv, ret)
 
 
 def discounted_returns(p: ReturnsProblem) -> None:
@@ -71,3 +135,17 @@ def discounted_returns(p: ReturnsProblem) -> None:
 def linear_scan(p: ScanProblem) -> None:
     rows = p.rows
     cpu.scan_rows(_coeff(p.a, rows), _data(p.b, rows), p.reverse, _bound(p.initial, rows), p.out)
+
+
+def warmup() -> None:
+    """Load (or compile) every kernel now rather than on the first call."""
+    import gaescan
+
+    for dt in (np.float32, np.float64):
+        x = np.zeros((2, 3), dtype=dt)
+        d = np.zeros((2, 3), dtype=bool)
+        gaescan.gae(x, x, gamma=0.9, lam=0.9, dones=d, backend="numba")
+        gaescan.gae(x.T, x.T, gamma=0.9, lam=0.9, dones=d.T, axis=0, backend="numba")
+        gaescan.gae(x, x, gamma=0.9, lam=0.9, mask=~d, backend="numba")
+        gaescan.discounted_returns(x, gamma=0.9, backend="numba")
+        gaescan.linear_scan(0.5, x, backend="numba")

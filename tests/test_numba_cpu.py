@@ -1,0 +1,203 @@
+"""Kernel-specific tests of the "numba" backend (gaescan.kernels.cpu)."""
+
+from __future__ import annotations
+
+import threading
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import gaescan
+from gaescan.kernels import cpu
+
+
+def _oracle(r, v, gamma, lam, term=None, trunc=None, nv=None, last=0.0, mask=None, dtype=np.float32):
+    """Float64 loop over (R, T) rows, γ and λ rounded to the output dtype first."""
+    r = np.asarray(r, np.float64)
+    v = np.asarray(v, np.float64)
+    R, T = r.shape
+    g = np.broadcast_to(np.asarray(gamma, dtype).astype(np.float64), (R, T))
+    l_ = np.broadcast_to(np.asarray(lam, dtype).astype(np.float64), (R, T))
+    term = np.zeros((R, T), bool) if term is None else np.asarray(term) != 0
+    trunc = np.zeros((R, T), bool) if trunc is None else np.asarray(trunc) != 0
+    mask = np.ones((R, T), bool) if mask is None else np.asarray(mask) != 0
+    last = np.broadcast_to(np.asarray(last, np.float64), (R,))
+    A = np.zeros((R, T))
+    for i in range(R):
+        an, vn = 0.0, last[i]
+        for t in range(T - 1, -1, -1):
+            if not mask[i, t]:
+                continue
+            vp = nv[i, t] if nv is not None else vn
+            d = r[i, t] - v[i, t] if term[i, t] else r[i, t] + g[i, t] * vp - v[i, t]
+            a = d if (term[i, t] or trunc[i, t]) else d + g[i, t] * l_[i, t] * an
+            A[i, t] = a
+            an, vn = a, v[i, t]
+    return A, np.where(mask, A + v, 0.0)
+
+
+def _rel(x, ref):
+    return np.linalg.norm(np.asarray(x, np.float64) - ref) / max(np.linalg.norm(ref), 1e-30)
+
+
+def _data(R, T, seed=0, dtype=np.float32, p=0.01):
+    rng = np.random.default_rng(seed)
+    r = rng.standard_normal((R, T)).astype(dtype)
+    v = rng.standard_normal((R, T)).astype(dtype)
+    d = rng.random((R, T)) < p
+    return rng, r, v, d
+
+
+# Lengths straddling the tile size: head-only, exact tiles, tiles + head.
+LENGTHS = [1, 7, 4095, 2 * 4096 + 37]
+
+
+@pytest.mark.parametrize("T", LENGTHS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fast_batch_major(T, dtype):
+    _, r, v, d = _data(3, T, dtype=dtype)
+    tol = 2e-5 if dtype == np.float32 else 1e-12
+    for dones in (None, d):
+        adv, ret = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=dones, last_value=0.5, backend="numba")
+        A, Rt = _oracle(r, v, 0.99, 0.95, term=dones, last=0.5, dtype=dtype)
+        assert adv.dtype == dtype
+        assert _rel(adv, A) <= tol and _rel(ret, Rt) <= tol
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fast_time_major(dtype):
+    _, r, v, d = _data(300, 600, dtype=dtype)  # (B, T) data; stored time-major
+    rT, vT, dT = (np.ascontiguousarray(x.T) for x in (r, v, d))
+    gam = np.linspace(0.9, 1.0, 300)[None, :]  # per-row γ in the (T, B) layout
+    adv, ret = gaescan.gae(rT, vT, gamma=gam, lam=0.9, dones=dT, axis=0, backend="numba")
+    A, Rt = _oracle(r, v, gam.T, 0.9, term=d, dtype=dtype)
+    tol = 2e-5 if dtype == np.float32 else 1e-12
+    assert _rel(adv.T, A) <= tol and _rel(ret.T, Rt) <= tol
+    adv2, _ = gaescan.gae(rT, vT, gamma=gam, lam=0.9, axis=0, backend="numba")
+    A2, _ = _oracle(r, v, gam.T, 0.9, dtype=dtype)
+    assert _rel(adv2.T, A2) <= tol
+
+
+def test_every_feature_small():
+    rng, r, v, d = _data(4, 50, dtype=np.float64, p=0.1)
+    trunc = (rng.random((4, 50)) < 0.1) & ~d
+    nv = rng.standard_normal((4, 50))
+    mask = rng.random((4, 50)) < 0.8
+    gam = rng.uniform(0.8, 1.0, (4, 50))
+    lam = rng.uniform(0.8, 1.0, (4, 1))
+    adv, ret = gaescan.gae(r, v, gamma=gam, lam=lam, terminated=d.astype(np.int32), truncated=trunc,
+                           next_values=nv, mask=mask, backend="numba")
+    A, Rt = _oracle(r, v, gam, lam, term=d, trunc=trunc, nv=nv, mask=mask, dtype=np.float64)
+    assert _rel(adv, A) <= 1e-12 and _rel(ret, Rt) <= 1e-12
+    assert np.all(adv[~mask] == 0) and np.all(ret[~mask] == 0)
+    # float16 / int inputs compute in float32; strided views work
+    r16 = r.astype(np.float16)[:, ::2]
+    v16 = v.astype(np.float16)[:, ::2]
+    adv, _ = gaescan.gae(r16, v16, gamma=0.9, lam=0.8, dones=d[:, ::2].astype(np.float32), backend="numba")
+    A, _ = _oracle(r16, v16, 0.9, 0.8, term=d[:, ::2])
+    assert adv.dtype == np.float32 and _rel(adv, A) <= 2e-5
+
+
+def test_packed_segments():
+    _, r, v, d = _data(1, 40, dtype=np.float64)
+    cu = np.array([0, 5, 5, 17, 40])
+    adv, _ = gaescan.gae(r[0], v[0], gamma=0.9, lam=0.7, cu_seqlens=cu, last_value=np.arange(4.0),
+                         backend="numba")
+    for s in range(4):
+        lo, hi = cu[s], cu[s + 1]
+        if hi > lo:
+            A, _ = _oracle(r[:, lo:hi], v[:, lo:hi], 0.9, 0.7, last=float(s), dtype=np.float64)
+            np.testing.assert_allclose(adv[lo:hi], A[0], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("T", [4096 * 2 + 5])
+def test_nan_isolation_fast(T):
+    _, r, v, _ = _data(2, T)
+    d = np.zeros((2, T), bool)
+    cut = 1024 + 3  # a done inside a chain, with a NaN episode after it
+    d[:, cut] = True
+    r[:, cut + 1:cut + 50] = np.nan
+    adv, ret = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="numba")
+    assert np.all(np.isfinite(adv[:, :cut + 1])) and np.all(np.isfinite(ret[:, :cut + 1]))
+    A, _ = _oracle(r[:, :cut + 1], v[:, :cut + 1], 0.99, 0.95, term=d[:, :cut + 1])
+    assert _rel(adv[:, :cut + 1], A) <= 2e-5
+
+
+def test_deterministic_and_inputs_untouched():
+    import numba
+
+    _, r, v, d = _data(8, 3 * 4096 + 11)
+    copies = [x.copy() for x in (r, v, d)]
+    a1, _ = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="numba")
+    n = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        a2, _ = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="numba")
+    finally:
+        numba.set_num_threads(n)
+    assert np.array_equal(a1, a2)
+    for x, c in zip((r, v, d), copies, strict=True):
+        assert np.array_equal(x, c)
+
+
+def test_thread_safety():
+    _, r, v, d = _data(6, 4096 + 100)
+    ref, _ = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="numba")
+    rT, vT, dT = (np.ascontiguousarray(x.T) for x in (r, v, d))
+    refT, _ = gaescan.gae(rT, vT, gamma=0.99, lam=0.95, dones=dT, axis=0, backend="numba")
+    errors = []
+
+    def work(k):
+        try:
+            for _ in range(5):
+                a, _ = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="numba")
+                b, _ = gaescan.gae(rT, vT, gamma=0.99, lam=0.95, dones=dT, axis=0, backend="numba")
+                if not (np.array_equal(a, ref) and np.array_equal(b, refT)):
+                    errors.append(k)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+@pytest.mark.parametrize("time_major", [False, True])
+def test_extra_memory_is_o_rows(time_major):
+    R, T = 64, 4096
+    _, r, v, d = _data(R, T)
+    if time_major:
+        r, v, d = (np.ascontiguousarray(x.T) for x in (r, v, d))
+    axis = 0 if time_major else -1
+    adv, ret = np.empty_like(r), np.empty_like(r)
+    gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, axis=axis, out=(adv, ret), backend="numba")
+    tracemalloc.start()
+    try:
+        gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, axis=axis, out=(adv, ret), backend="numba")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * R + 64 * 1024, peak  # far below one input (R*T*4 = 1 MiB)
+
+
+def test_int64_indexing_logic():
+    # Hot loops index with uint64; exercise the tile/head arithmetic on a
+    # strided view whose byte offsets exceed 2**31 would need >2 GiB, so check
+    # the index bookkeeping on a large-stride view instead.
+    big = np.zeros((2, 2 * 4096 + 3, 64), np.float32)
+    rng = np.random.default_rng(3)
+    big[..., 5] = rng.standard_normal(big.shape[:2])
+    r = big[..., 5]
+    v = big[..., 5][::-1]
+    adv, _ = gaescan.gae(r, v, gamma=0.99, lam=0.95, backend="numba")
+    A, _ = _oracle(r, v, 0.99, 0.95)
+    assert _rel(adv, A) <= 2e-5
+
+
+def test_specialisation_counts():
+    for k in (cpu.gae_rows_fused, cpu.gae_timemajor, cpu.gae_rows, cpu.returns_rows, cpu.scan_rows):
+        assert len(k.signatures) == 2, (k, k.signatures)
