@@ -1,0 +1,228 @@
+"""Shared fixtures and helpers for the gaescan test suite.
+
+Backends under test come from ``GAESCAN_TEST_BACKENDS`` (comma list), by
+default ``numba,numpy`` -- plus ``cuda`` when ``NUMBA_ENABLE_CUDASIM=1``.  The
+``numpy`` backend is run at several chunk sizes (small ones so that short rows
+cross many internal chunk boundaries, and the library default).  The CUDA
+simulator is very slow, so the ``cuda`` backend is marked ``small``: tests
+then pick shapes below ~2000 elements.
+
+Every test that takes the ``backend`` fixture gets a :class:`Backend` whose
+``gae``/``returns``/``scan`` methods call the library with ``backend=<name>``
+inside the variant's tunable overrides.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import oracle  # noqa: E402
+
+# Large enough that every float32 case passes on a correct library, small
+# enough that an off-by-one step (a wrong γ, a missed bootstrap) fails.
+TOL = {np.dtype(np.float32): 2e-5, np.dtype(np.float64): 1e-12}
+
+# Lengths that straddle every chunk size used below (4, 8, default 32) and the
+# usual power-of-two block sizes of GPU kernels, plus some primes.
+LENGTHS = [1, 2, 3, 4, 5, 7, 8, 9, 13, 31, 32, 33, 61, 63, 64, 65, 127, 128, 129, 257]
+SMALL_LENGTHS = [1, 3, 4, 5, 8, 9, 13, 33, 61]
+LONG_T = 1 << 17
+CUDA_MAX_ELEMS = 2000
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One backend configuration under test."""
+
+    name: str
+    overrides: dict = field(default_factory=dict)
+    small: bool = False  # keep shapes tiny (the CUDA simulator is slow)
+    label: str = ""
+
+    @property
+    def id(self) -> str:
+        return self.label or self.name
+
+    def gae(self, *args, **kw):
+        import gaescan
+
+        return gaescan.gae(*args, backend=self.name, **kw)
+
+    def returns(self, *args, **kw):
+        import gaescan
+
+        return gaescan.discounted_returns(*args, backend=self.name, **kw)
+
+    def scan(self, *args, **kw):
+        import gaescan
+
+        return gaescan.linear_scan(*args, backend=self.name, **kw)
+
+    def lengths(self, full=LENGTHS):
+        return [T for T in full if not self.small or T <= 129]
+
+    def batch(self, T, want=5):
+        """A batch size that keeps a case within the simulator budget."""
+        if not self.small:
+            return want
+        return max(1, min(want, CUDA_MAX_ELEMS // max(T, 1)))
+
+
+def _cudasim() -> bool:
+    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+
+
+def selected_backend_names() -> list[str]:
+    env = os.environ.get("GAESCAN_TEST_BACKENDS", "").strip()
+    if env:
+        return [b.strip() for b in env.split(",") if b.strip()]
+    return ["numba", "numpy", "cuda"] if _cudasim() else ["numba", "numpy"]
+
+
+def _variants(name: str) -> list[Backend]:
+    if name == "numpy":
+        return [
+            Backend("numpy", {"numpy_chunk": 4, "numpy_block_elems": 64}, label="numpy-c4"),
+            Backend("numpy", {"numpy_chunk": 8}, label="numpy-c8"),
+            Backend("numpy", {}, label="numpy"),
+        ]
+    if name == "cuda":
+        return [Backend("cuda", {}, small=True)]
+    return [Backend(name)]
+
+
+def all_backends() -> list[Backend]:
+    return [v for n in selected_backend_names() for v in _variants(n)]
+
+
+def pytest_generate_tests(metafunc):
+    # ``backend``: every selected configuration; ``cpu_backend``: only those
+    # that can afford 2^17-step rows and hypothesis runs (not the simulator).
+    if "backend" in metafunc.fixturenames:
+        bs = all_backends()
+        metafunc.parametrize("backend", bs, ids=[b.id for b in bs], indirect=True)
+    if "cpu_backend" in metafunc.fixturenames:
+        bs = [b for b in all_backends() if not b.small]
+        metafunc.parametrize("cpu_backend", bs, ids=[b.id for b in bs], indirect=True)
+
+
+def _enter(request):
+    import gaescan._config as cfg
+
+    b: Backend = request.param
+    with cfg.override(**b.overrides):
+        yield b
+
+
+@pytest.fixture
+def backend(request):
+    yield from _enter(request)
+
+
+@pytest.fixture
+def cpu_backend(request):
+    yield from _enter(request)
+
+
+@pytest.fixture
+def rng(request):
+    """A generator seeded from the test id: reproducible, different per case."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+# ----------------------------------------------------------------- assertions
+
+
+def assert_close(actual, expected, dtype, *, shape=None):
+    """``actual`` is a NumPy array of ``dtype`` close to the float64 ``expected``."""
+    dtype = np.dtype(dtype)
+    assert isinstance(actual, np.ndarray), type(actual)
+    assert actual.dtype == dtype, (actual.dtype, dtype)
+    assert actual.shape == (expected.shape if shape is None else shape), (actual.shape, expected.shape)
+    err = oracle.rel_l2(actual, expected)
+    assert err <= TOL[dtype], f"relative L2 error {err:.3g} > {TOL[dtype]:.1g} for {dtype}"
+
+
+def assert_zero_where(arr, keep):
+    """Outputs at masked positions (``keep`` false) are exactly +0.0 or -0.0."""
+    keep = np.asarray(keep) != 0
+    masked = np.asarray(arr)[~keep]
+    assert np.all(masked == 0.0), masked[masked != 0.0][:10]
+
+
+# ------------------------------------------------------------------ generators
+
+
+def random_data(rng, shape, dtype=np.float32, scale=1.0):
+    x = rng.standard_normal(shape) * scale
+    if np.dtype(dtype).kind in "iu":
+        return np.round(x * 3).astype(dtype)
+    if np.dtype(dtype).kind == "b":
+        return x > 0
+    return x.astype(dtype)
+
+
+def random_flags(rng, shape, p=0.1, dtype=bool):
+    f = rng.random(shape) < p
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        # nonzero means true: use odd nonzero values, not only 1.0
+        return np.where(f, rng.choice([1.0, 0.5, -2.0], size=shape), 0.0).astype(dtype)
+    return f.astype(dtype)
+
+
+def random_cu_seqlens(rng, n, n_segments, empty_p=0.2):
+    """Sorted offsets [0, ..., n] with ``n_segments`` segments, some empty."""
+    if n_segments == 0:
+        assert n == 0, "zero segments can only cover zero elements"
+        return np.array([0], dtype=np.int64)
+    cuts = np.sort(rng.integers(0, n + 1, size=n_segments - 1))
+    if n_segments > 1:
+        empty = rng.random(n_segments - 1) < empty_p
+        cuts[empty] = cuts[np.maximum(np.arange(n_segments - 1) - 1, 0)][empty]
+        cuts = np.sort(cuts)
+    return np.concatenate([[0], cuts, [n]]).astype(np.int64)
+
+
+FLAG_MODES = ["none", "dones", "terminated", "term+trunc", "trunc-only"]
+
+
+def flag_kwargs(mode, rng, shape, values, p=0.15, dtype=bool):
+    """Keyword arguments for ``gae`` for one flag mode (incl. next_values when needed)."""
+    if mode == "none":
+        return {}
+    if mode == "dones":
+        return {"dones": random_flags(rng, shape, p, dtype)}
+    if mode == "terminated":
+        return {"terminated": random_flags(rng, shape, p, dtype)}
+    nv = random_data(rng, shape, values.dtype if values.dtype.kind == "f" else np.float32)
+    if mode == "term+trunc":
+        return {
+            "terminated": random_flags(rng, shape, p / 2, dtype),
+            "truncated": random_flags(rng, shape, p / 2, dtype),
+            "next_values": nv,
+        }
+    if mode == "trunc-only":
+        return {"truncated": random_flags(rng, shape, p, dtype), "next_values": nv}
+    raise AssertionError(mode)
+
+
+def snapshot(kw: dict) -> dict:
+    """Copies of every array argument, to check that inputs are never modified."""
+    return {k: np.array(v, copy=True) for k, v in kw.items() if isinstance(v, np.ndarray)}
+
+
+def assert_unchanged(kw: dict, snap: dict):
+    for k, before in snap.items():
+        now = kw[k]
+        assert now.dtype == before.dtype, k
+        np.testing.assert_array_equal(now, before, err_msg=f"input {k!r} was modified", strict=True)
