@@ -1,0 +1,395 @@
+"""The ``"cuda"`` backend: Numba CUDA kernels on CuPy arrays (or NumPy arrays in the simulator).
+
+Every call is one kernel launch on the caller's current stream (CuPy's current
+stream; the public API makes it PyTorch's when the inputs were tensors), plus,
+for rows split across blocks, one stream-ordered ``cupy.zeros`` for the
+look-back flags.  Nothing is read back to the host and no stream is
+synchronised: arrays are handed to Numba as device-array views built from
+their ``__cuda_array_interface__`` without the ``stream`` entry (so Numba
+neither synchronises nor wraps it), cached by pointer and geometry.  Each
+kernel is compiled once per dtype combination with every array typed as
+layout ``"A"`` (contiguous and strided views share it).  Packed rows are
+handled entirely on the device: ``cu_seqlens`` is only read by the kernel.
+
+Geometry (see :mod:`gaescan.kernels.cuda`): a block is ``RW`` rows x ``TW``
+time-threads, each thread ``K`` consecutive steps per tile.
+
+* row-major rows: ``RW = 1`` and ``TW`` up to ``threads`` (short rows get a
+  smaller ``TW`` and several rows per block);
+* time-major rows (time stride larger than row stride, e.g. ``axis=0``):
+  ``RW = 32`` consecutive rows per block, so a warp reads 32 consecutive
+  addresses at each step — no transposing copy;
+* a block per row group walking its tiles (``MODE_ROWS``) when the rows fill
+  the GPU or fit one tile, else a block per tile with the ticketed look-back
+  (``MODE_LOOKBACK``: few long rows, packed ``cu_seqlens``).
+
+Tunables live in :data:`TUNABLES` and are read on every call; :func:`override`
+changes them temporarily (tests shrink tiles so a few thousand steps cross
+every tile, block and chunk boundary).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from numba import cuda
+
+try:
+    from numba.cuda import types
+except ImportError:  # pragma: no cover - older numba-cuda
+    from numba import types
+
+from .._problem import GAEProblem, ReturnsProblem, ScanProblem
+from ..kernels import cuda as kern
+
+TUNABLES: dict[str, Any] = {
+    # Threads per block (also the shared-memory scan width; a compile-time constant).
+    "threads": 128,
+    # Steps per thread per tile for row-major rows (float32 / float64 outputs);
+    # staged in registers, a compile-time constant of the kernel.
+    "k": 8,
+    "k_f64": 4,
+    # Steps per thread per tile for time-major rows.
+    "k_time_major": 8,
+    # Rows per block for time-major rows.
+    "rows_time_major": 32,
+    # Use a block per row group (walking tiles) when there are at least this many
+    # row groups; else split rows into tiles with the look-back.
+    "rows_min_blocks": 1024,
+    # Tests only: most look-back tiles never publish their state, so later tiles
+    # walk (and apply) long runs of published maps.  Results are unchanged.
+    "debug_skip_incl": False,
+    # Tests only: in the simulator, launch through the explicit-signature path used on GPUs.
+    "debug_typed_in_sim": False,
+}
+
+_local = threading.local()
+_lock = threading.Lock()
+
+
+def get(name: str) -> Any:
+    """Current value of a tunable (thread-local overrides first)."""
+    ov = getattr(_local, "overrides", None)
+    if ov and name in ov:
+        return ov[name]
+    return TUNABLES[name]
+
+
+@contextlib.contextmanager
+def override(**settings: Any) -> Iterator[None]:
+    """Temporarily override tunables in the current thread (``with override(k=2, threads=8): ...``)."""
+    unknown = set(settings) - set(TUNABLES)
+    if unknown:
+        raise ValueError(f"unknown CUDA tunable(s) {sorted(unknown)}; valid: {sorted(TUNABLES)}")
+    old = getattr(_local, "overrides", None)
+    _local.overrides = {**(old or {}), **settings}
+    try:
+        yield
+    finally:
+        _local.overrides = old
+
+
+def is_simulator() -> bool:
+    """True when Numba's CUDA simulator runs the kernels (on NumPy arrays)."""
+    return bool(getattr(cuda, "simulator_enabled", False)) or os.environ.get(
+        "NUMBA_ENABLE_CUDASIM", "0"
+    ) not in ("", "0")
+
+
+def current_stream_ptr() -> int:
+    """The stream a call launches on: CuPy's current stream (0 = the legacy default stream)."""
+    import cupy
+
+    return int(cupy.cuda.get_current_stream().ptr)
+
+
+# --------------------------------------------------------------------------- plumbing
+
+_streams: dict[int, Any] = {}
+_dummies: dict[tuple, Any] = {}
+
+
+def _stream(ptr: int) -> Any:
+    if ptr == 0:
+        return 0
+    s = _streams.get(ptr)
+    if s is None:
+        if len(_streams) > 64:
+            _streams.clear()
+        s = cuda.external_stream(ptr)
+        _streams[ptr] = s
+    return s
+
+
+def _dummy(sim: bool, dtype: Any, ndim: int) -> Any:
+    """A never-read placeholder for an absent array argument (stable kernel types)."""
+    dev = -1 if sim else cuda.get_current_device().id
+    key = (dev, np.dtype(dtype).str, ndim)
+    d = _dummies.get(key)
+    if d is None:
+        shape = (1,) * ndim
+        d = np.zeros(shape, dtype=dtype) if sim else cuda.device_array(shape, dtype=dtype)
+        _dummies[key] = d
+    return d
+
+
+def _pow2ceil(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+class _Launch:
+    """Per-call conversion of arrays and launch parameters."""
+
+    def __init__(self, rows: Any, ref: Any) -> None:
+        self.sim = is_simulator()
+        self.xp = rows.xp
+        self.dtype = np.dtype(rows.dtype)
+        self.cast = self.dtype.type
+        self.R, self.T, self.nseg = int(rows.R), int(rows.T), int(rows.nseg)
+        self.packed = rows.cu_seqlens is not None
+        self.cu = rows.cu_seqlens
+        st = ref.strides
+        self.time_major = self.R > 1 and abs(st[1]) > abs(st[0]) and st[0] != 0
+
+    def arr(self, x: Any, dtype: Any, ndim: int) -> Any:
+        if x is None:
+            return _dummy(self.sim, dtype, ndim)
+        if self.sim:
+            # Wrapped as a simulated device array: no copy in, no copy back
+            # (inputs may be read-only broadcast views).
+            from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+            return FakeCUDAArray(x)
+        return _device_view(x)
+
+    def geometry(self) -> tuple[int, int, int, int, int]:
+        threads = int(get("threads"))
+        R, T = self.R, self.T
+        if self.time_major and not self.packed:
+            K = int(get("k_time_major"))
+            if self.dtype == np.float64:
+                K = min(K, int(get("k_f64")))
+            RW = min(int(get("rows_time_major")), _pow2ceil(R), threads)
+            TW = max(1, threads // RW)
+            TW = min(TW, _pow2ceil(-(-T // K)))
+        else:
+            K = int(get("k_f64" if self.dtype == np.float64 else "k"))
+            TW = min(threads, _pow2ceil(-(-T // K)))
+            RW = 1 if self.packed else min(max(1, threads // TW), _pow2ceil(R))
+        tile = TW * K
+        nchunks = -(-T // tile)
+        ngroups = -(-R // RW)
+        if nchunks == 1 or ngroups >= int(get("rows_min_blocks")):
+            mode = kern.MODE_ROWS
+        else:
+            mode = kern.MODE_LOOKBACK
+        return RW, TW, K, mode, nchunks
+
+    def run(self, kind: int, fwd: bool, a: dict, g_s: float, l_s: float, lv_s: float, opts: int) -> None:
+        RW, TW, K, mode, nchunks = self.geometry()
+        if get("debug_skip_incl"):
+            opts |= kern.OPT_DEBUG_SKIP
+        nsh = int(get("threads"))
+        kernel = kern.get_kernel(kind, mode, fwd, self.dtype, nsh, K, opts)
+        ngroups = -(-self.R // RW)
+        dt = self.dtype
+        if mode == kern.MODE_LOOKBACK:
+            _, grec = kern.group_record(dt.itemsize, RW)
+            xp = self.xp
+            # Stream-ordered: the zero fill is queued on the current stream before the kernel.
+            # The buffers stay referenced (``keep``) until the launch is queued; after
+            # that, CuPy's pool only hands them out again in this stream's order.
+            keep = (xp.empty(nchunks * ngroups * grec, dtype=dt),
+                    xp.zeros(nchunks * self.R + 1, dtype=np.int32))
+            pub, flg = self.arr(keep[0], dt, 1), self.arr(keep[1], np.int32, 1)
+            grid = ngroups * nchunks
+        else:
+            pub, flg = _dummy(self.sim, dt, 1), _dummy(self.sim, np.int32, 1)
+            keep = ()
+            grid = ngroups
+        args = (
+            a["r"], a["v"], a["nv"], a["term"], a["trunc"], a["mask"], a["g"], a["l"], a["lv"],
+            a["cu"], a["out1"], a["out2"],
+            self.cast(g_s), self.cast(l_s), self.cast(lv_s), np.int64(opts),
+            np.int64(self.R), np.int64(self.T), np.int64(self.nseg),
+            np.int64(RW), np.int64(TW), pub, flg,
+        )
+        if self.sim:
+            if get("debug_typed_in_sim"):
+                kernel = _typed(kernel, (kind, mode, fwd, dt.str, nsh, K, opts & _CT), args)
+            kernel[grid, (RW, TW)](*args)
+        else:
+            kernel = _typed(kernel, (kind, mode, fwd, dt.str, nsh, K, opts & _CT), args)
+            kernel[grid, (RW, TW), _stream(current_stream_ptr())](*args)
+        del keep
+
+
+_typed_cache: dict[tuple, Any] = {}
+_CT = kern.OPT_MASK | kern.OPT_PACKED
+
+
+def _arg_key(x: Any) -> Any:
+    dt = getattr(x, "dtype", None)
+    if dt is None:
+        return type(x)
+    return (dt.str, getattr(x, "ndim", 0), isinstance(x, np.generic))
+
+
+def _typed(kernel: Any, key: tuple, args: tuple) -> Any:
+    """A dispatcher compiled for ``args`` with every array typed as layout ``"A"``.
+
+    Contiguous and strided views then share one compiled kernel (Numba would
+    otherwise compile one specialisation per combination of layouts).  Should
+    the explicit signature be refused, the lazily specialising kernel is used.
+    """
+    full = key + tuple(_arg_key(x) for x in args)
+    d = _typed_cache.get(full)
+    if d is None:
+        try:  # numba-cuda's own typeof (it knows device arrays and the CUDA array interface)
+            from numba.cuda.typing.typeof import typeof
+        except ImportError:  # pragma: no cover - older numba-cuda
+            from numba import typeof
+
+        with _lock:
+            d = _typed_cache.get(full)
+            if d is None:
+                sig = []
+                for x in args:
+                    t = typeof(x)
+                    if isinstance(t, types.Array):
+                        t = t.copy(layout="A", readonly=False)
+                    sig.append(t)
+                try:
+                    d = cuda.jit(types.void(*sig))(kernel.py_func)
+                except Exception as exc:  # pragma: no cover - depends on the numba-cuda version
+                    import warnings
+
+                    warnings.warn(f"gaescan: explicit-signature compile failed ({exc!r}); "
+                                  "falling back to per-layout specialisation", RuntimeWarning, stacklevel=3)
+                    d = kernel
+                _typed_cache[full] = d
+    return d
+
+
+_views: dict[tuple, Any] = {}
+
+
+def _device_view(x: Any) -> Any:
+    """A Numba device-array view of a CuPy array, without synchronising any stream.
+
+    Built from the array interface with the ``stream`` entry dropped (Numba
+    would otherwise synchronise it, or at least wrap it) and no owner: the
+    view is only used for the launch, while the caller's arrays are alive.
+    Views are cached by (pointer, shape, strides, dtype): a recycled
+    allocation with the same geometry yields an identical view.
+    """
+    cai = x.__cuda_array_interface__
+    key = (cai["data"][0], cai["shape"], cai.get("strides"), cai["typestr"])
+    d = _views.get(key)
+    if d is None:
+        desc = {k: val for k, val in cai.items() if k != "stream"}
+        try:
+            d = cuda.from_cuda_array_interface(desc, owner=None, sync=False)
+        except Exception:  # pragma: no cover - older numba-cuda
+            return cuda.as_cuda_array(x, sync=False)
+        if len(_views) > 512:
+            _views.clear()
+        _views[key] = d
+    return d
+
+
+def plan(R: int, T: int, dtype: Any = np.float32, time_major: bool = False, packed: bool = False) -> dict:
+    """The launch geometry a problem of this shape gets with the current tunables (for reports)."""
+    from types import SimpleNamespace
+
+    L = _Launch.__new__(_Launch)
+    L.R, L.T, L.dtype, L.time_major, L.packed = int(R), int(T), np.dtype(dtype), bool(time_major), bool(packed)
+    RW, TW, K, mode, nchunks = L.geometry()
+    ngroups = -(-L.R // RW)
+    name = "rows" if mode == kern.MODE_ROWS else "lookback"
+    return vars(SimpleNamespace(mode=name, rows_per_block=RW, time_threads=TW, k=K, tiles_per_row=nchunks,
+                                blocks=ngroups * (nchunks if mode == kern.MODE_LOOKBACK else 1)))
+
+
+def _coeff(L: _Launch, c: Any, bit: int) -> tuple[Any, float, int]:
+    if isinstance(c, float):
+        return L.arr(None, L.dtype, 2), c, 0
+    return L.arr(c, None, 2), 0.0, bit
+
+
+def _bound(L: _Launch, b: Any) -> tuple[Any, float, int]:
+    if isinstance(b, float):
+        return L.arr(None, L.dtype, 1), b, 0
+    return L.arr(b, None, 1), 0.0, kern.OPT_LVARR
+
+
+def _flag(L: _Launch, f: Any | None, bit: int) -> tuple[Any, int]:
+    if f is None:
+        return L.arr(None, np.bool_, 2), 0
+    return L.arr(f, None, 2), bit
+
+
+def _common(L: _Launch) -> tuple[Any, int]:
+    if L.packed:
+        return L.arr(L.cu, None, 1), kern.OPT_PACKED
+    return L.arr(None, np.int64, 1), 0
+
+
+# --------------------------------------------------------------------------- the three problems
+
+
+def gae(p: GAEProblem) -> None:
+    """Write ``p.advantages`` and ``p.returns`` (see :class:`gaescan._problem.GAEProblem`)."""
+    L = _Launch(p.rows, p.rewards)
+    g, g_s, o1 = _coeff(L, p.gamma, kern.OPT_GARR)
+    lm, l_s, o2 = _coeff(L, p.lam, kern.OPT_LARR)
+    lv, lv_s, o3 = _bound(L, p.last_value)
+    term, o4 = _flag(L, p.terminated, kern.OPT_TERM)
+    trunc, o5 = _flag(L, p.truncated, kern.OPT_TRUNC)
+    mask, o6 = _flag(L, p.mask, kern.OPT_MASK)
+    cu, o7 = _common(L)
+    kind = kern.GAE_V if p.next_values is None else kern.GAE_NEXT
+    a = dict(
+        r=L.arr(p.rewards, None, 2), v=L.arr(p.values, None, 2),
+        nv=L.arr(p.next_values, L.dtype, 2), term=term, trunc=trunc, mask=mask,
+        g=g, l=lm, lv=lv, cu=cu, out1=L.arr(p.advantages, None, 2), out2=L.arr(p.returns, None, 2),
+    )
+    L.run(kind, False, a, g_s, l_s, lv_s, o1 | o2 | o3 | o4 | o5 | o6 | o7)
+
+
+def discounted_returns(p: ReturnsProblem) -> None:
+    """Write ``p.returns`` (see :class:`gaescan._problem.ReturnsProblem`)."""
+    L = _Launch(p.rows, p.rewards)
+    g, g_s, o1 = _coeff(L, p.gamma, kern.OPT_GARR)
+    lv, lv_s, o3 = _bound(L, p.last_value)
+    term, o4 = _flag(L, p.dones, kern.OPT_TERM)
+    mask, o6 = _flag(L, p.mask, kern.OPT_MASK)
+    cu, o7 = _common(L)
+    a = dict(
+        r=L.arr(p.rewards, None, 2), v=L.arr(None, L.dtype, 2), nv=L.arr(None, L.dtype, 2),
+        term=term, trunc=L.arr(None, np.bool_, 2), mask=mask, g=g, l=L.arr(None, L.dtype, 2),
+        lv=lv, cu=cu, out1=L.arr(p.returns, None, 2), out2=L.arr(None, L.dtype, 2),
+    )
+    L.run(kern.RET, False, a, g_s, 0.0, lv_s, o1 | o3 | o4 | o6 | o7)
+
+
+def linear_scan(p: ScanProblem) -> None:
+    """Write ``p.out`` (see :class:`gaescan._problem.ScanProblem`)."""
+    L = _Launch(p.rows, p.b)
+    g, g_s, o1 = _coeff(L, p.a, kern.OPT_GARR)
+    lv, lv_s, o3 = _bound(L, p.initial)
+    d2 = L.arr(None, L.dtype, 2)
+    fb = L.arr(None, np.bool_, 2)
+    a = dict(
+        r=L.arr(p.b, None, 2), v=d2, nv=d2, term=fb, trunc=fb, mask=fb, g=g, l=d2,
+        lv=lv, cu=L.arr(None, np.int64, 1), out1=L.arr(p.out, None, 2), out2=d2,
+    )
+    L.run(kern.SCAN, not p.reverse, a, g_s, 0.0, lv_s, o1 | o3)

@@ -1,0 +1,605 @@
+"""Numba CUDA kernels: one-pass tile scans of ``(R, T)`` rows.
+
+Every problem is run as a *reverse* scan over a logical time index ``u``
+(``u = T-1`` first).  GAE and discounted returns are reverse scans of physical
+time (``t = u``); the forward ``linear_scan`` reads physical time ``t = T-1-u``
+(a compile-time switch, so no negative-stride views are ever built).
+
+The state carried from later to earlier steps is a pair ``(A, Vn)``: the
+accumulator (``A_{τ(t)}`` for GAE, ``G`` for returns, ``y`` for the scan) and,
+for GAE without ``next_values``, the value ``V`` at the next unmasked position
+of the sequence.  A run of steps acts on that state as the map::
+
+    (A, Vn) -> (alpha*A + beta*Vn + c,  Vf if hv else Vn)
+
+so a run is five numbers ``(alpha, beta, c, hv, Vf)``; a masked step is the
+identity, a segment boundary of a packed row the constant map
+``(0, 0, A0, 1, last_value[s])``.  Two runs compose as (``M1`` earlier in time,
+applied after ``M2``)::
+
+    alpha = alpha1*alpha2
+    beta  = alpha1*beta2 + (0 if hv2 else beta1)
+    c     = c1 + alpha1*c2 + (beta1*Vf2 if hv2 else 0)
+    hv    = hv1 or hv2,   Vf = Vf1 if hv1 else Vf2
+
+Products with ``alpha1 == 0`` / ``beta1 == 0`` are *skipped*, not computed: a
+done cut (``alpha = 0``) and a terminal bootstrap (``beta = 0``) are selects,
+so a NaN or inf after an episode end never reaches the episode before it.
+(A consequence: a zero ``gamma*lam`` inside an episode also stops a NaN, where
+a plain multiply would have propagated it.)
+
+A tile is ``RW`` rows x ``TW * K`` steps; thread ``(x, y)`` owns row ``x`` and
+the ``K`` consecutive steps ``y*K .. y*K+K-1`` of the tile.  Per tile:
+
+1. each thread composes the maps of its ``K`` steps (serial, in registers);
+2. a Hillis-Steele suffix scan over ``y`` in shared memory (no warp
+   shuffles, so the same code runs in Numba's simulator) gives every thread
+   the composition of the later threads' maps;
+3. each thread applies that to the tile's carry-in state, then re-runs its
+   ``K`` steps concretely and writes the outputs.
+
+Two drivers share the tile code:
+
+* ``MODE_ROWS`` — a block per row group walks its rows' tiles from the end,
+  carrying the state in registers (many rows, or rows of one tile).
+* ``MODE_LOOKBACK`` — a block per tile; tiles are handed out by an atomic
+  ticket counter in reverse time order, so a block only ever waits for blocks
+  that started before it (this is also why it runs in the simulator, which
+  runs blocks one after another).  Each block publishes its tile map, then
+  looks back over the maps of later tiles until it finds a published state
+  (the ``TW`` threads of a row poll ``TW`` flags at once; the maps in between
+  are prefetched into shared memory ``TW`` at a time), and applies those maps
+  *one by one, in time order*, to that state.  The
+  state every block computes for a tile is therefore the same sequence of
+  floating-point operations however far the look-back went: results are
+  bit-identical run after run (the look-back only changes who does the work).
+
+Look-back records (one per tile and row group, see :func:`group_record`) keep
+the maps and the states of the group's rows in separate 128-byte-aligned
+sections; each section is fully written (then ``threadfence`` and a block
+barrier) before any of its rows' flags is raised, and read only after the
+flag was seen (flags are read with atomics): no stale L1 line can be hit.
+
+``cuda`` is a module-level global, as the simulator requires.  Kernels are
+compiled lazily (no signatures), on first launch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+# Problem kinds (compile-time constants of a kernel).
+GAE_V = 0  # GAE, bootstrap from the value at the next unmasked position
+GAE_NEXT = 1  # GAE with next_values given
+RET = 2  # discounted returns
+SCAN = 3  # linear scan
+
+MODE_ROWS = 0
+MODE_LOOKBACK = 1
+
+# Runtime option bits (one int argument).
+OPT_TERM = 1
+OPT_TRUNC = 2
+OPT_MASK = 4
+OPT_GARR = 8
+OPT_LARR = 16
+OPT_LVARR = 32
+OPT_PACKED = 64
+OPT_DEBUG_SKIP = 128  # tests only: most tiles never publish their state (longer look-backs)
+
+FLAG_AGG = 1
+FLAG_INCL = 2
+MAP_SLOTS = 8  # elements per row in a record's map section (5 used)
+
+
+def group_record(itemsize: int, rw: int) -> tuple[int, int]:
+    """Look-back record of one (tile, row group): ``(map section, record)`` lengths in elements.
+
+    The map section holds ``rw`` rows x ``MAP_SLOTS`` fields, the state section
+    ``rw`` x 2; each section is padded to whole 128-byte lines, so each line
+    is written once (by one block, before the flags of its rows are raised).
+    """
+    line = 128 // itemsize
+    mapw = -(-rw * MAP_SLOTS // line) * line
+    incw = -(-rw * 2 // line) * line
+    return mapw, mapw + incw
+
+
+_CACHE: dict = {}
+
+
+def get_kernel(kind: int, mode: int, fwd: bool, dtype: np.dtype, nsh: int, k: int, opts: int = 0):
+    """The (lazily compiled) kernel for a problem kind, driver mode and output dtype.
+
+    Of the option bits, ``OPT_MASK`` and ``OPT_PACKED`` are compile-time (they
+    cost registers when compiled in); the others are runtime switches.
+    """
+    ct = opts & (OPT_MASK | OPT_PACKED)
+    key = (kind, mode, bool(fwd), np.dtype(dtype).str, nsh, k, ct)
+    kern = _CACHE.get(key)
+    if kern is None:
+        kern = _build(kind, mode, bool(fwd), np.dtype(dtype), nsh, int(k), ct)
+        _CACHE[key] = kern
+    return kern
+
+
+def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many features
+    MASKED = bool(CT & OPT_MASK)
+    PACKED = bool(CT & OPT_PACKED)
+    CAST = np.float32 if dtype == np.float32 else np.float64
+    NBT = np.float32 if dtype == np.float32 else np.float64  # numba dtype for shared arrays
+    USE_V = KIND == GAE_V
+    NF = 5 if USE_V else 2
+    LINE = 128 // dtype.itemsize
+    LOOKBACK = MODE == MODE_LOOKBACK
+
+    @cuda.jit(device=True)
+    def compose(a1, b1, c1, h1, f1, a2, b2, c2, h2, f2):
+        zero = CAST(0)
+        if a1 == zero:
+            a = zero
+            b = zero
+            c = c1
+        else:
+            a = a1 * a2
+            b = a1 * b2
+            c = cuda.fma(a1, c2, c1)
+        if USE_V:
+            if h2:
+                if b1 != zero:
+                    c = cuda.fma(b1, f2, c)
+            else:
+                b = b + b1
+            h = h1 or h2
+            f = f1 if h1 else f2
+        else:
+            h = False
+            f = zero
+        return a, b, c, h, f
+
+    @cuda.jit(device=True)
+    def apply(a, b, c, h, f, A, Vn):
+        zero = CAST(0)
+        s = c
+        if USE_V:
+            if b != zero:
+                s = cuda.fma(b, Vn, c)
+        if a != zero:
+            s = cuda.fma(a, A, s)
+        if USE_V and h:
+            return s, f
+        return s, Vn
+
+    @cuda.jit(device=True)
+    def phys(u, T):
+        if FWD:
+            return T - 1 - u
+        return u
+
+    @cuda.jit(device=True)
+    def seg_bound(cu, s, T):
+        # cu[s] clamped to [0, T] (device-side reads only; bad offsets stay in bounds).
+        v = cu[s]
+        if v < 0:
+            v = 0
+        if v > T:
+            v = T
+        return v
+
+    @cuda.jit(device=True)
+    def boundary(lv, lv_s, opts, s):
+        if opts & OPT_LVARR:
+            return CAST(lv[s])
+        return lv_s
+
+    @cuda.jit(device=True)
+    def elem(row, t, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s):
+        zero = CAST(0)
+        one = CAST(1)
+        if MASKED:
+            if mask[row, t] == 0:
+                return False, one, zero, zero, zero
+        gt = CAST(g[row, t]) if opts & OPT_GARR else g_s
+        tm = False
+        tr = False
+        if KIND != SCAN:
+            if opts & OPT_TERM:
+                tm = term[row, t] != 0
+            if opts & OPT_TRUNC:
+                tr = trunc[row, t] != 0
+        rt = CAST(r[row, t])
+        if KIND == SCAN:
+            return True, gt, zero, rt, zero
+        if KIND == RET:
+            return True, (zero if tm else gt), zero, rt, zero
+        lt = CAST(lm[row, t]) if opts & OPT_LARR else l_s
+        vt = CAST(v[row, t])
+        a = zero if (tm or tr) else gt * lt
+        if KIND == GAE_V:
+            return True, a, (zero if tm else gt), rt - vt, vt
+        if tm:
+            c = rt - vt
+        else:
+            c = (rt + gt * CAST(nv[row, t])) - vt
+        return True, a, zero, c, vt
+
+    @cuda.jit(device=True)
+    def find_seg(cu, nseg, u, T):
+        # Largest s in [0, nseg) with cu[s] <= u (or -1); binary search.
+        lo = 0
+        hi = nseg  # invariant: answer in [lo-1, hi-1]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if seg_bound(cu, mid, T) <= u:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo - 1
+
+    @cuda.jit(device=True)
+    def load(row, u_lo, u_hi, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
+             lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv):
+        """Stage the maps of steps u_lo .. u_lo+K-1 (those < u_hi) in per-thread arrays.
+
+        K is a compile-time constant, so the loop unrolls and the arrays live in
+        registers; the loads of all K steps are independent of the scan chain and
+        are issued back to back.  ``rs[j]``: the state restarts (segment end)
+        before step j is applied; ``rv[j]`` is the restart value.
+        """
+        zero = CAST(0)
+        packed = PACKED
+        s = -1
+        seg_lo = 0
+        seg_hi = 0
+        if packed and u_hi > u_lo:
+            s = find_seg(cu, nseg, u_lo, T)
+            if s >= 0:
+                seg_lo = seg_bound(cu, s, T)
+                seg_hi = seg_bound(cu, s + 1, T)
+        for j in range(K):
+            u = u_lo + j
+            ok[j] = False
+            rs[j] = False
+            rv[j] = zero
+            ea[j] = zero
+            eb[j] = zero
+            ec[j] = zero
+            ev[j] = zero
+            if u < u_hi:
+                inside = True
+                if packed:
+                    # Advance to the segment holding u (skipping empty ones).
+                    while s + 1 < nseg and u >= seg_hi:
+                        s += 1
+                        seg_lo = seg_bound(cu, s, T)
+                        seg_hi = seg_bound(cu, s + 1, T)
+                    if s < 0 or u < seg_lo or u >= seg_hi:
+                        inside = False
+                    elif u == seg_hi - 1:
+                        rs[j] = True
+                        rv[j] = boundary(lv, lv_s, opts, s)
+                if inside:
+                    t = phys(u, T)
+                    valid, a_, b_, c_, v_ = elem(row, t, opts, r, v, nv, term, trunc, mask,
+                                                 g, lm, g_s, l_s)
+                    ok[j] = valid
+                    ea[j] = a_
+                    eb[j] = b_
+                    ec[j] = c_
+                    ev[j] = v_
+
+    @cuda.jit(device=True)
+    def reset_map(bv):
+        zero = CAST(0)
+        if KIND == RET:
+            return zero, zero, bv, True, zero
+        return zero, zero, zero, True, bv
+
+    @cuda.jit(device=True)
+    def fold(ok, ea, eb, ec, ev, rs, rv):
+        """Compose the staged maps, latest step first."""
+        zero = CAST(0)
+        ma = CAST(1)
+        mb = zero
+        mc = zero
+        mh = False
+        mf = zero
+        for jj in range(K):
+            j = K - 1 - jj
+            if rs[j]:
+                ra, rb, rc, rh, rf = reset_map(rv[j])
+                ma, mb, mc, mh, mf = compose(ra, rb, rc, rh, rf, ma, mb, mc, mh, mf)
+            if ok[j]:
+                ma, mb, mc, mh, mf = compose(ea[j], eb[j], ec[j], True, ev[j], ma, mb, mc, mh, mf)
+        return ma, mb, mc, mh, mf
+
+    @cuda.jit(device=True)
+    def emit(row, u_lo, u_hi, T, ok, ea, eb, ec, ev, rs, rv, A, Vn, out1, out2):
+        """Run the staged steps concretely from state (A, Vn) and write the outputs."""
+        zero = CAST(0)
+        for jj in range(K):
+            j = K - 1 - jj
+            u = u_lo + j
+            if u < u_hi:
+                t = phys(u, T)
+                if rs[j]:
+                    ra, rb, rc, rh, rf = reset_map(rv[j])
+                    A, Vn = apply(ra, rb, rc, rh, rf, A, Vn)
+                if ok[j]:
+                    A, Vn = apply(ea[j], eb[j], ec[j], True, ev[j], A, Vn)
+                    out1[row, t] = A
+                    if KIND == GAE_V or KIND == GAE_NEXT:
+                        out2[row, t] = A + ev[j]
+                else:
+                    out1[row, t] = zero
+                    if KIND == GAE_V or KIND == GAE_NEXT:
+                        out2[row, t] = zero
+        return A, Vn
+
+    @cuda.jit(device=True)
+    def write_map(shx, idx, a, b, c, h, f):
+        shx[0, idx] = a
+        shx[1, idx] = c
+        if USE_V:
+            shx[2, idx] = b
+            shx[3, idx] = CAST(1) if h else CAST(0)
+            shx[4, idx] = f
+
+    @cuda.jit(device=True)
+    def block_suffix_scan(sh, x, y, RW, TW, ma, mb, mc, mh, mf):
+        """Inclusive suffix scan over y of the threads' maps; leaves results in sh."""
+        one = CAST(1)
+        zero = CAST(0)
+        idx = y * RW + x
+        cuda.syncthreads()  # shared memory may still be read by the previous tile
+        sh[0, idx] = ma
+        sh[1, idx] = mc
+        if USE_V:
+            sh[2, idx] = mb
+            sh[3, idx] = one if mh else zero
+            sh[4, idx] = mf
+        cuda.syncthreads()
+        d = 1
+        while d < TW:
+            act = y + d < TW
+            if act:
+                o = idx + d * RW
+                oa = sh[0, o]
+                oc = sh[1, o]
+                if USE_V:
+                    ob = sh[2, o]
+                    oh = sh[3, o] != zero
+                    of = sh[4, o]
+                else:
+                    ob = zero
+                    oh = False
+                    of = zero
+                ma, mb, mc, mh, mf = compose(ma, mb, mc, mh, mf, oa, ob, oc, oh, of)
+            cuda.syncthreads()
+            if act:
+                sh[0, idx] = ma
+                sh[1, idx] = mc
+                if USE_V:
+                    sh[2, idx] = mb
+                    sh[3, idx] = one if mh else zero
+                    sh[4, idx] = mf
+            cuda.syncthreads()
+            d *= 2
+
+    @cuda.jit(device=True)
+    def read_map(sh, idx):
+        zero = CAST(0)
+        if USE_V:
+            return sh[0, idx], sh[2, idx], sh[1, idx], sh[3, idx] != zero, sh[4, idx]
+        return sh[0, idx], zero, sh[1, idx], False, zero
+
+    @cuda.jit(device=True)
+    def start_state(lv, lv_s, opts, row):
+        zero = CAST(0)
+        if PACKED:
+            return zero, zero  # the segment ends restart the state
+        bv = boundary(lv, lv_s, opts, row)
+        if KIND == GAE_V or KIND == GAE_NEXT:
+            return zero, bv
+        return bv, zero
+
+    @cuda.jit
+    def kernel(r, v, nv, term, trunc, mask, g, lm, lv, cu, out1, out2,
+               g_s, l_s, lv_s, opts, R, T, nseg, RW, TW, pub, flg):
+        sh = cuda.shared.array((NF, NSH), NBT)
+        ok = cuda.local.array(K, np.bool_)
+        rs = cuda.local.array(K, np.bool_)
+        ea = cuda.local.array(K, NBT)
+        eb = cuda.local.array(K, NBT)
+        ec = cuda.local.array(K, NBT)
+        ev = cuda.local.array(K, NBT)
+        rv = cuda.local.array(K, NBT)
+        sh_state = cuda.shared.array((2, NSH), NBT)
+        sh_tk = cuda.shared.array(1, np.int64)
+        sh_lb = cuda.shared.array((NF, NSH), NBT)
+        sh_fl = cuda.shared.array(NSH, np.int32)
+        sh_base = cuda.shared.array(NSH, np.int64)
+        sh_found = cuda.shared.array(NSH, np.int64)
+        sh_ctl = cuda.shared.array(2, np.int64)
+        x = cuda.threadIdx.x
+        y = cuda.threadIdx.y
+        zero = CAST(0)
+        tile = TW * K
+        ntiles = (T + tile - 1) // tile
+        ngroups = (R + RW - 1) // RW
+        if not LOOKBACK:
+            row = cuda.blockIdx.x * RW + x
+            live = row < R
+            rr = row if live else 0
+            A, Vn = start_state(lv, lv_s, opts, rr)
+            ti = ntiles - 1
+            while ti >= 0:
+                u0 = ti * tile + y * K
+                u1 = u0 + K
+                if u1 > T:
+                    u1 = T
+                if u0 > T:
+                    u0 = T
+                if live:
+                    load(rr, u0, u1, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
+                         lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv)
+                    ma, mb, mc, mh, mf = fold(ok, ea, eb, ec, ev, rs, rv)
+                else:
+                    ma, mb, mc, mh, mf = CAST(1), zero, zero, False, zero
+                block_suffix_scan(sh, x, y, RW, TW, ma, mb, mc, mh, mf)
+                if y + 1 < TW:
+                    xa, xb, xc, xh, xf = read_map(sh, (y + 1) * RW + x)
+                    cA, cV = apply(xa, xb, xc, xh, xf, A, Vn)
+                else:
+                    cA, cV = A, Vn
+                ta, tb, tc, th, tf = read_map(sh, x)
+                A, Vn = apply(ta, tb, tc, th, tf, A, Vn)
+                if live:
+                    emit(rr, u0, u1, T, ok, ea, eb, ec, ev, rs, rv, cA, cV, out1, out2)
+                ti -= 1
+        else:
+            if x == 0 and y == 0:
+                sh_tk[0] = cuda.atomic.add(flg, 0, 1)
+            cuda.syncthreads()
+            tk = sh_tk[0]
+            c_rev = tk // ngroups  # 0 = last tile in scan order
+            grp = tk - c_rev * ngroups
+            ti = ntiles - 1 - c_rev
+            row = grp * RW + x
+            live = row < R
+            rr = row if live else 0
+            u0 = ti * tile + y * K
+            u1 = u0 + K
+            if u1 > T:
+                u1 = T
+            if u0 > T:
+                u0 = T
+            if live:
+                load(rr, u0, u1, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
+                     lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv)
+                ma, mb, mc, mh, mf = fold(ok, ea, eb, ec, ev, rs, rv)
+            else:
+                ma, mb, mc, mh, mf = CAST(1), zero, zero, False, zero
+            block_suffix_scan(sh, x, y, RW, TW, ma, mb, mc, mh, mf)
+            # Publish this tile's map (row x), then look back cooperatively: the
+            # TW threads of row x read TW flags of later tiles at once.
+            need = live and c_rev > 0
+            rec = c_rev * R + rr
+            mapw = (RW * MAP_SLOTS + LINE - 1) // LINE * LINE
+            grec = mapw + (RW * 2 + LINE - 1) // LINE * LINE
+            gbase = (c_rev * ngroups + grp) * grec
+            base = gbase + x * MAP_SLOTS
+            ibase = gbase + mapw + x * 2
+            A = zero
+            Vn = zero
+            skip = (opts & OPT_DEBUG_SKIP) != 0 and c_rev % 16 != 0
+            if y == 0:
+                if need:
+                    ta, tb, tc, th, tf = read_map(sh, x)
+                    pub[base + 0] = ta
+                    pub[base + 1] = tb
+                    pub[base + 2] = tc
+                    pub[base + 3] = CAST(1) if th else zero
+                    pub[base + 4] = tf
+                    cuda.threadfence()
+                sh_base[x] = c_rev - 1
+                sh_found[x] = -1 if need else -2
+            cuda.syncthreads()
+            # Raise the flags only once every row's map of the group is written: a
+            # map line is never read before all of it holds its final values.
+            if y == 0 and need:
+                cuda.atomic.max(flg, 1 + rec, FLAG_AGG)
+            # Phase 1: per row, the nearest later tile whose state is published.
+            while True:
+                fx = sh_found[x]
+                bx = sh_base[x]
+                jj = bx - y
+                f = -1
+                if fx == -1 and jj >= 0:
+                    f = cuda.atomic.add(flg, 1 + jj * R + rr, 0)
+                sh_fl[y * RW + x] = f
+                cuda.syncthreads()
+                if y == 0 and fx == -1:
+                    nb = bx - TW  # the whole window holds maps only: go further back
+                    k = 0
+                    while k < TW:
+                        jk = bx - k
+                        if jk < 0:
+                            nb = 0
+                            break
+                        fk = sh_fl[k * RW + x]
+                        if fk == FLAG_INCL:
+                            sh_found[x] = jk
+                            break
+                        if fk != FLAG_AGG:
+                            nb = jk  # not published yet: poll again from here
+                            break
+                        k += 1
+                    sh_base[x] = nb
+                cuda.syncthreads()
+                if x == 0 and y == 0:
+                    d = 1
+                    for xx in range(RW):
+                        if sh_found[xx] == -1:
+                            d = 0
+                    sh_ctl[0] = d
+                cuda.syncthreads()
+                if sh_ctl[0] == 1:
+                    break
+            # Phase 2: apply the maps of the tiles in between, in time order, to the
+            # published state (prefetched TW at a time into shared memory).
+            cuda.threadfence()
+            fx = sh_found[x]
+            if y == 0 and need:
+                jb = (fx * ngroups + grp) * grec + mapw + x * 2
+                A = pub[jb]
+                Vn = pub[jb + 1]
+            if x == 0 and y == 0:
+                mx = 0
+                for xx in range(RW):
+                    fxx = sh_found[xx]
+                    if fxx >= 0 and c_rev - 1 - fxx > mx:
+                        mx = c_rev - 1 - fxx
+                sh_ctl[1] = mx
+            cuda.syncthreads()
+            lmax = sh_ctl[1]
+            m0 = 0
+            while m0 < lmax:
+                m = fx + 1 + m0 + y
+                if need and m < c_rev:
+                    mbase = (m * ngroups + grp) * grec + x * MAP_SLOTS
+                    write_map(sh_lb, y * RW + x, pub[mbase + 0], pub[mbase + 1], pub[mbase + 2],
+                              pub[mbase + 3] != zero, pub[mbase + 4])
+                cuda.syncthreads()
+                if y == 0 and need:
+                    k = 0
+                    while k < TW and fx + 1 + m0 + k < c_rev:
+                        la, lb, lc, lh, lf = read_map(sh_lb, k * RW + x)
+                        A, Vn = apply(la, lb, lc, lh, lf, A, Vn)
+                        k += 1
+                cuda.syncthreads()
+                m0 += TW
+            if y == 0 and live:
+                if c_rev == 0:
+                    A, Vn = start_state(lv, lv_s, opts, rr)
+                sh_state[0, x] = A
+                sh_state[1, x] = Vn
+                ta, tb, tc, th, tf = read_map(sh, x)
+                nA, nV = apply(ta, tb, tc, th, tf, A, Vn)
+                if not skip:
+                    pub[ibase] = nA
+                    pub[ibase + 1] = nV
+                    cuda.threadfence()
+            cuda.syncthreads()
+            if y == 0 and live and not skip:
+                cuda.atomic.max(flg, 1 + rec, FLAG_INCL)
+            if live:
+                A = sh_state[0, x]
+                Vn = sh_state[1, x]
+                if y + 1 < TW:
+                    xa, xb, xc, xh, xf = read_map(sh, (y + 1) * RW + x)
+                    A, Vn = apply(xa, xb, xc, xh, xf, A, Vn)
+                emit(rr, u0, u1, T, ok, ea, eb, ec, ev, rs, rv, A, Vn, out1, out2)
+
+    return kernel

@@ -1,0 +1,194 @@
+"""Compile every CUDA kernel specialisation the backend launches to PTX and assemble it.
+
+No GPU is needed: ``cuda.compile_ptx`` (NVVM) targets sm_80 and sm_90, and
+``ptxas -v`` reports registers, shared memory and local-memory spills per
+kernel.  A spill fails the test.  Skipped when ``ptxas`` or the NVVM/NVRTC
+libraries are missing, and under the simulator (which compiles nothing).
+
+The argument types mirror :meth:`gaescan.backends.cuda._Launch.run`: every
+array is typed with layout ``"A"`` (the backend compiles one specialisation
+per dtype combination, whatever the strides).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.ptx
+
+if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+    pytest.skip("the CUDA simulator is enabled: nothing is compiled", allow_module_level=True)
+
+numba = pytest.importorskip("numba")
+from numba import cuda, types  # noqa: E402
+
+
+def _ptxas() -> str | None:
+    found = shutil.which("ptxas")
+    if found:
+        return found
+    for cand in sorted(glob.glob("/usr/local/cuda*/bin/ptxas"), reverse=True):
+        if os.access(cand, os.X_OK):
+            return cand
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home and os.access(os.path.join(home, "bin", "ptxas"), os.X_OK):
+        return os.path.join(home, "bin", "ptxas")
+    return None
+
+
+PTXAS = _ptxas()
+CCS = [(8, 0), (9, 0)]
+
+
+class _FakeDevice:
+    """Numba compiles device functions for the *current device's* CC, even under
+    ``compile_ptx``; there may be no device here, so each compile sees the target CC."""
+
+    cc = CCS[-1]
+
+    @property
+    def compute_capability(self):
+        return _FakeDevice.cc
+
+    id = 0
+
+
+@pytest.fixture(scope="module")
+def toolchain():
+    if PTXAS is None:
+        pytest.skip("ptxas not found (install the CUDA toolkit or put ptxas on PATH)")
+    import numba.cuda.dispatcher as disp
+
+    saved = disp.get_current_device
+    disp.get_current_device = lambda: _FakeDevice()
+    try:
+        @cuda.jit
+        def probe(x):
+            x[0] = 1.0
+
+        try:
+            cuda.compile_ptx(probe, (types.float32[::1],), cc=CCS[0])
+        except Exception as exc:  # NVVM / NVRTC wheels absent, or no CUDA support at all
+            pytest.skip(f"cannot compile PTX here ({type(exc).__name__}: {exc}); "
+                        "install numba-cuda[cu12] or [cu13]")
+        yield
+    finally:
+        disp.get_current_device = saved
+
+
+def _arr(dt, nd):
+    return types.Array(numba.from_dtype(np.dtype(dt)), nd, "A")
+
+
+def _sig(kind, out, inp, flag, coeff=None):
+    """The argument types of one launch (see the backend's ``_Launch.run``)."""
+    from gaescan.kernels import cuda as kern
+
+    o = numba.from_dtype(np.dtype(out))
+    coeff = out if coeff is None else coeff
+    d2, d1, b2 = _arr(out, 2), _arr(out, 1), _arr(np.bool_, 2)
+    i64 = types.int64
+    if kind in (kern.GAE_V, kern.GAE_NEXT):
+        r, v = _arr(inp, 2), _arr(inp, 2)
+        nv = _arr(inp, 2) if kind == kern.GAE_NEXT else d2
+        term = trunc = mask = _arr(flag, 2)
+        g = lm = _arr(coeff, 2)
+        out2 = d2
+    elif kind == kern.RET:
+        r, v, nv = _arr(inp, 2), d2, d2
+        term, trunc, mask = _arr(flag, 2), b2, _arr(flag, 2)
+        g, lm, out2 = _arr(coeff, 2), d2, d2
+    else:
+        r, v, nv = _arr(inp, 2), d2, d2
+        term = trunc = mask = b2
+        g, lm, out2 = _arr(coeff, 2), d2, d2
+    return (r, v, nv, term, trunc, mask, g, lm, d1, _arr(np.int64, 1), d2, out2,
+            o, o, o, i64, i64, i64, i64, i64, i64, d1, _arr(np.int32, 1))
+
+
+def _cases():
+    from gaescan.kernels import cuda as kern
+
+    kinds = [("gae", kern.GAE_V, False), ("gae_next", kern.GAE_NEXT, False),
+             ("returns", kern.RET, False), ("scan_rev", kern.SCAN, False), ("scan_fwd", kern.SCAN, True)]
+    modes = [("rows", kern.MODE_ROWS), ("lookback", kern.MODE_LOOKBACK)]
+    M, P = kern.OPT_MASK, kern.OPT_PACKED
+    out = []
+    # (name, kind, mode, fwd, out dtype, input dtype, flag dtype, coeff dtype, compile-time options)
+    for kname, kind, fwd in kinds:
+        for mname, mode in modes:
+            for o, i in ((np.float32, np.float16), (np.float64, np.float64)):
+                out.append((f"{kname}-{mname}-{np.dtype(o).name}<-{np.dtype(i).name}",
+                            kind, mode, fwd, o, i, np.bool_, None, 0))
+            if kind != kern.SCAN:
+                for cname, ct in (("mask", M), ("mask+packed", M | P)):
+                    out.append((f"{kname}-{mname}-float32<-float32-{cname}",
+                                kind, mode, fwd, np.float32, np.float32, np.bool_, None, ct))
+    # Other flag dtypes (compared with 0 in their own dtype) and coefficient dtypes.
+    for flag in (np.uint8, np.int64, np.float32):
+        for mname, mode in modes:
+            out.append((f"gae-{mname}-float32<-float32-mask-flags_{np.dtype(flag).name}",
+                        kern.GAE_V, mode, False, np.float32, np.float32, flag, None, M))
+    out.append(("gae-lookback-float64<-float32-coeff_f32", kern.GAE_V, kern.MODE_LOOKBACK, False,
+                np.float64, np.float32, np.bool_, np.float32, 0))
+    return out
+
+
+CASES = _cases()
+REPORT: list[str] = []
+_BUILT: dict = {}  # private kernel builds per (kernel key, CC)
+
+
+def _ptxas_info(ptx: str, cc) -> str:
+    arch = f"sm_{cc[0]}{cc[1]}"
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        res = subprocess.run([PTXAS, "-v", f"-arch={arch}", path, "-o", os.path.join(d, "k.cubin")],
+                             capture_output=True, text=True)
+    if res.returncode != 0:
+        raise AssertionError(f"ptxas failed for {arch}:\n{res.stderr[-3000:]}")
+    return res.stderr
+
+
+@pytest.mark.parametrize("cc", CCS, ids=lambda c: f"sm_{c[0]}{c[1]}")
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_kernel_compiles_without_spills(toolchain, case, cc):
+    from gaescan.backends import cuda as cb
+    from gaescan.kernels import cuda as kern
+
+    name, kind, mode, fwd, out, inp, flag, coeff, ct = case
+    nsh = int(cb.TUNABLES["threads"])
+    kk = int(cb.TUNABLES["k_f64" if np.dtype(out) == np.float64 else "k"])
+    # A private build (not the backend's kernel cache): its device functions are
+    # compiled for this CC only and never reach a kernel launched on a real GPU.
+    _FakeDevice.cc = cc
+    key = (kind, mode, bool(fwd), np.dtype(out).str, nsh, kk, ct, cc)
+    k = _BUILT.get(key)
+    if k is None:
+        k = _BUILT[key] = kern._build(kind, mode, bool(fwd), np.dtype(out), nsh, kk,
+                                      ct & (kern.OPT_MASK | kern.OPT_PACKED))
+    ptx, _ = cuda.compile_ptx(k.py_func, _sig(kind, out, inp, flag, coeff), cc=cc)
+    for op in ("bar.sync",) if mode == kern.MODE_ROWS else ("bar.sync", "atom.global", "membar.gl"):
+        assert op in ptx, f"{op} missing from the PTX of {name}"
+    info = _ptxas_info(ptx, cc)
+    regs = [int(x) for x in re.findall(r"Used (\d+) registers", info)]
+    smem = [int(x) for x in re.findall(r"(\d+) bytes smem", info)]
+    stores = [int(x) for x in re.findall(r"(\d+) bytes spill stores", info)]
+    loads = [int(x) for x in re.findall(r"(\d+) bytes spill loads", info)]
+    stack = [int(x) for x in re.findall(r"(\d+) bytes stack frame", info)]
+    line = (f"sm_{cc[0]}{cc[1]}  {name:<52s} regs {max(regs, default=-1):3d}  smem {max(smem, default=0):6d} B"
+            f"  stack {max(stack, default=0):4d} B  spill st/ld {sum(stores)}/{sum(loads)}")
+    REPORT.append(line)
+    print(line)
+    assert regs, f"no register report from ptxas:\n{info}"
+    assert sum(stores) == 0 and sum(loads) == 0, f"local-memory spills in {name}:\n{info}"
