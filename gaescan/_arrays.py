@@ -19,6 +19,8 @@ import numpy as np
 
 # Python and NumPy scalars: they take part in a call but pick no library.
 SCALAR = "scalar"
+# Concrete types first: isinstance against the numbers ABCs is slow on the hot path.
+_SCALAR_TYPES = (float, int, bool, complex, np.generic, numbers.Number)
 
 
 def _root_module(x: Any) -> str:
@@ -32,9 +34,9 @@ def library_of(x: Any) -> str:
     ``"cuda"`` (another ``__cuda_array_interface__`` producer) or
     ``"scalar"``.
     """
-    if isinstance(x, np.ndarray):
+    if type(x) is np.ndarray or isinstance(x, np.ndarray):
         return "numpy"
-    if isinstance(x, (numbers.Number, np.generic)):
+    if isinstance(x, _SCALAR_TYPES):
         return SCALAR
     root = _root_module(x)
     if root in ("cupy", "torch", "dask"):
@@ -87,7 +89,9 @@ class Context:
 
     def to_compute(self, x: Any) -> Any:
         """Return a zero-copy view of ``x`` in the compute namespace (scalars pass through)."""
-        if x is None or library_of(x) == SCALAR:
+        if x is None or (type(x) is np.ndarray and self.library == "numpy"):
+            return x
+        if library_of(x) == SCALAR:
             return x
         if self.library == "torch":
             if not self.on_device:

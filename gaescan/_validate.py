@@ -9,6 +9,7 @@ on a device (that would synchronise the host); on the host, cheap value checks
 
 from __future__ import annotations
 
+import math
 import numbers
 import operator
 from dataclasses import dataclass
@@ -41,7 +42,9 @@ def result_dtype(*arrays: Any) -> np.dtype:
 
 
 def _is_scalar(x: Any) -> bool:
-    return isinstance(x, (numbers.Number, np.generic)) or (isinstance(x, np.ndarray) and x.ndim == 0)
+    if type(x) is np.ndarray:
+        return x.ndim == 0
+    return isinstance(x, (float, int, np.generic, numbers.Number)) or (isinstance(x, np.ndarray) and x.ndim == 0)
 
 
 # --------------------------------------------------------------------------- layout
@@ -97,7 +100,7 @@ def layout_of(shape: tuple, axis: Any) -> Layout:
     ax = normalize_axis(axis, len(shape))
     T = int(shape[ax])
     batch = tuple(int(n) for i, n in enumerate(shape) if i != ax)
-    return Layout(tuple(shape), ax, int(np.prod(batch, dtype=np.int64)), T, batch)
+    return Layout(tuple(shape), ax, math.prod(batch), T, batch)
 
 
 # --------------------------------------------------------------------------- arguments
