@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from . import _dispatch
 from . import _validate as v
@@ -55,7 +56,7 @@ def gae(
     mask: Any = None,
     cu_seqlens: Any = None,
     axis: int = -1,
-    out: Optional[Sequence[Any]] = None,
+    out: Sequence[Any] | None = None,
     backend: str = "auto",
 ) -> GAEResult:
     r"""Generalized advantage estimation (GAE) and TD(λ) returns.

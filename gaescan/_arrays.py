@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 

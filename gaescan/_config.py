@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 DEFAULTS: dict[str, Any] = {
     # Chunk length of the NumPy-API chunk scan (the in-chunk scan is a Python

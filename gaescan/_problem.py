@@ -27,12 +27,12 @@ Conventions that every backend relies on:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 import numpy as np
 
 Array = Any  # a NumPy or CuPy ndarray (the compute namespace's array type)
-Coeff = Union[float, Array]
+Coeff = Union[float, Array]  # noqa: UP007 - a runtime alias, kept valid on Python 3.10
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class Rows:
     dtype: np.dtype
     R: int
     T: int
-    cu_seqlens: Optional[Array]
+    cu_seqlens: Array | None
     nseg: int
 
 
@@ -77,10 +77,10 @@ class GAEProblem:
     rows: Rows
     rewards: Array
     values: Array
-    next_values: Optional[Array]
-    terminated: Optional[Array]
-    truncated: Optional[Array]
-    mask: Optional[Array]
+    next_values: Array | None
+    terminated: Array | None
+    truncated: Array | None
+    mask: Array | None
     gamma: Coeff
     lam: Coeff
     last_value: Coeff
@@ -94,8 +94,8 @@ class ReturnsProblem:
 
     rows: Rows
     rewards: Array
-    dones: Optional[Array]
-    mask: Optional[Array]
+    dones: Array | None
+    mask: Array | None
     gamma: Coeff
     last_value: Coeff
     returns: Array

@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -66,7 +67,7 @@ class Layout:
             return x
         return xp.moveaxis(x, self.axis, -1).reshape(self.R, self.T)
 
-    def writable_rows(self, xp: Any, out: Any) -> Optional[Any]:
+    def writable_rows(self, xp: Any, out: Any) -> Any | None:
         """An ``(R, T)`` view that writes through to ``out``, or ``None`` if none exists."""
         if out.ndim == 2 and self.axis == 1:
             return out

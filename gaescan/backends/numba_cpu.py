@@ -18,7 +18,7 @@ byte (int32/float flags) are compared to 0, each an O(R·T) temporary.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -43,7 +43,7 @@ def _coeff(c: Coeff, rows: Rows) -> np.ndarray:
     return _data(c, rows)
 
 
-def _flag(x: Optional[Any], rows: Rows, absent: bool) -> np.ndarray:
+def _flag(x: Any | None, rows: Rows, absent: bool) -> np.ndarray:
     if x is None:
         return np.ndarray((rows.R, rows.T), np.uint8, _ONE8 if absent else _ZERO8, 0, (0, 0))
     return _flag8(x)
@@ -68,7 +68,7 @@ def _flag8(x: Any) -> np.ndarray:
     return (x != 0).view(np.uint8)
 
 
-def _column(c: Coeff, rows: Rows) -> Optional[np.ndarray]:
+def _column(c: Coeff, rows: Rows) -> np.ndarray | None:
     """A scalar or per-row coefficient as a contiguous ``(R,)`` array; ``None``
     when it varies along time."""
     if isinstance(c, float):

@@ -24,7 +24,8 @@ select, so nothing crosses it), a masked position passes the carry through
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, Optional, TypeVar
+from collections.abc import Iterator
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -129,7 +130,7 @@ def _typed(c: Coeff, dtype: np.dtype) -> Any:
     return dtype.type(c) if isinstance(c, float) else c
 
 
-def _flag(x: Optional[Any]) -> Optional[Any]:
+def _flag(x: Any | None) -> Any | None:
     return None if x is None else x != 0
 
 
@@ -139,7 +140,7 @@ def _bound(v: Coeff, rows: Rows) -> Any:
     return _data(v, rows)
 
 
-def _either(xp: Any, x: Optional[Any], y: Optional[Any]) -> Optional[Any]:
+def _either(xp: Any, x: Any | None, y: Any | None) -> Any | None:
     if x is None:
         return y
     return x if y is None else xp.logical_or(x, y)
@@ -183,7 +184,7 @@ class _Frame:
         self.last = last[None, :T]
         self.after = after[None, :T]
 
-    def next_valid(self, x: Any, valid: Optional[Any]) -> Any:
+    def next_valid(self, x: Any, valid: Any | None) -> Any:
         """``x`` at the next valid position of the same sequence, else the boundary value."""
         xp = self.rows.xp
         dt = self.rows.dtype
@@ -204,7 +205,7 @@ class _Frame:
         return shifted
 
 
-def _finish(xp: Any, y: Any, valid: Optional[Any], out: Any, plus: Any = None) -> None:
+def _finish(xp: Any, y: Any, valid: Any | None, out: Any, plus: Any = None) -> None:
     if plus is not None:
         y = y + plus
     out[...] = y if valid is None else xp.where(valid, y, y.dtype.type(0))
@@ -300,7 +301,7 @@ def _gae(p: GAEProblem) -> None:
         _finish(xp, adv, valid, p.returns, plus=v)
 
 
-def _cut(xp: Any, rows: Rows, decay: Coeff, done: Optional[Any], valid: Optional[Any], frame: _Frame) -> Coeff:
+def _cut(xp: Any, rows: Rows, decay: Coeff, done: Any | None, valid: Any | None, frame: _Frame) -> Coeff:
     """Per-step decay: 0 after a done or a sequence end, 1 through masked positions."""
     dt = rows.dtype
     if done is None and valid is None and frame.last is None:

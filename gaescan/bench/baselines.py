@@ -8,11 +8,11 @@ They are baselines, not references: the tests' float64 oracle lives in
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 
 def serial_gae(xp: Any, rewards: Any, values: Any, gamma: float, lam: float,
-               dones: Optional[Any] = None) -> Any:
+               dones: Any | None = None) -> Any:
     """The textbook loop: vectorised over the batch, a Python loop over time."""
     B, T = rewards.shape
     dt = rewards.dtype
