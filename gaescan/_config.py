@@ -16,10 +16,14 @@ DEFAULTS: dict[str, Any] = {
     # Chunk length of the NumPy-API chunk scan (the in-chunk scan is a Python
     # loop of this many vectorised steps, so it trades loop overhead against
     # the size of the carry pass).
-    "numpy_chunk": 32,
+    "numpy_chunk": 64,
+    # Per-step decays (dones, masks, per-step gamma) scan chunks with C Python-level
+    # steps; short chunks keep that loop cheap.  The effective length is
+    # min(numpy_chunk, numpy_step_chunk).
+    "numpy_step_chunk": 8,
     # Host arrays are processed in groups of rows of about this many elements,
     # so that the chunk scan's passes hit the cache rather than main memory.
-    "numpy_block_elems": 1 << 18,
+    "numpy_block_elems": 1 << 20,
 }
 
 _local = threading.local()

@@ -61,7 +61,7 @@ def _pad_front(xp: Any, x: Any, n: int) -> Any:
     return xp.concatenate([head, x], axis=1)
 
 
-def reverse_scan(xp: Any, a: Coeff, b: Any, init: Any, chunk: int) -> Any:
+def reverse_scan(xp: Any, a: Coeff, b: Any, init: Any, chunk: int, out: Any = None) -> Any:
     """Solve ``y_t = a_t y_{t+1} + b_t`` (``y_T = init``) along axis 1 of ``(R, T)`` arrays.
 
     A zero ``a_t`` is a select (``y_t = b_t``), never a multiplication by zero.
@@ -76,12 +76,15 @@ def reverse_scan(xp: Any, a: Coeff, b: Any, init: Any, chunk: int) -> Any:
         ``(R,)`` boundary values.
     chunk : int
         Chunk length ``C >= 2``.
+    out : array, optional
+        A C-contiguous ``(R, T)`` buffer the result may be written into
+        (used when the chunks tile ``T`` exactly); check ``result is out``.
     """
     R, T = b.shape
     dtype = b.dtype
     if isinstance(a, float) and a == 0:
         return xp.array(b, dtype=dtype, copy=True)
-    if T <= chunk:
+    if T <= (chunk if isinstance(a, float) else min(chunk, int(_config.get("numpy_step_chunk")))):
         return _serial(xp, a, b, init)
     C = chunk
     nC = -(-T // C)
@@ -92,16 +95,23 @@ def reverse_scan(xp: Any, a: Coeff, b: Any, init: Any, chunk: int) -> Any:
         # K[i, j] = a^(j - i) for j >= i: row i of the chunk sums its future.
         expo = xp.arange(C)[None, :] - xp.arange(C)[:, None]
         K = xp.where(expo >= 0, ar ** xp.maximum(expo, 0).astype(dtype), dtype.type(0)).astype(dtype)
-        local = xp.matmul(b3.reshape(R * nC, C), K.T).reshape(R, nC, C)
+        into_out = out is not None and pad == 0 and out.flags.c_contiguous
+        if into_out:
+            local = out.reshape(R, nC, C)
+            xp.matmul(b3.reshape(R * nC, C), K.T, out=local.reshape(R * nC, C))
+        else:
+            local = xp.matmul(b3.reshape(R * nC, C), K.T).reshape(R, nC, C)
         heads = xp.ascontiguousarray(local[:, :, 0])
         y_heads = reverse_scan(xp, float(ar ** dtype.type(C)), heads, init, C)
         carry = xp.concatenate([y_heads[:, 1:], init[:, None]], axis=1)
-        # Fix-up, one chunk position at a time: no full-size temporary.
         decay = ar ** xp.arange(C, 0, -1).astype(dtype)  # a^(C - i)
-        for i in range(C):
-            local[:, :, i] += carry * decay[i]
-        return local.reshape(R, nC * C)[:, pad:]
+        local += carry[:, :, None] * decay
+        return out if into_out else local.reshape(R, nC * C)[:, pad:]
     # Per-step decays: C vectorised steps, each over position i of every chunk.
+    C = min(C, int(_config.get("numpy_step_chunk")))
+    nC = -(-T // C)
+    pad = nC * C - T
+    b3 = _pad_front(xp, b, pad).reshape(R, nC, C)
     a3 = _pad_front(xp, a, pad).reshape(R, nC, C)
     y3 = xp.array(b3, copy=True)
     P3 = xp.empty_like(y3)
@@ -296,8 +306,10 @@ def _gae(p: GAEProblem) -> None:
         else:
             decay = _typed(gamma, dt) * _typed(lam, dt)
         decay = _cut(xp, rows, decay, done, valid, frame)
-        adv = reverse_scan(xp, decay, delta, xp.zeros(rows.R, dtype=dt), _chunk())
-        _finish(xp, adv, valid, p.advantages)
+        adv = reverse_scan(xp, decay, delta, xp.zeros(rows.R, dtype=dt), _chunk(),
+                           out=p.advantages if valid is None else None)
+        if adv is not p.advantages:
+            _finish(xp, adv, valid, p.advantages)
         _finish(xp, adv, valid, p.returns, plus=v)
 
 
