@@ -3,6 +3,8 @@
 They exist so tests can shrink chunk sizes until short rows cross every
 internal boundary, and so benchmarks can sweep them.  Results never depend on
 them beyond floating-point association order (each setting is deterministic).
+Each backend with tunables owns one :class:`Tunables` table; this module holds
+the table of the host backends.
 """
 
 from __future__ import annotations
@@ -12,10 +14,47 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+
+class Tunables:
+    """A table of named settings with thread-local temporary overrides.
+
+    Parameters
+    ----------
+    defaults : dict
+        The settings and their default values (the dict itself is kept, so a
+        module can expose it and benchmarks can change it globally).
+    label : str
+        How error messages name a setting.
+    """
+
+    def __init__(self, defaults: dict[str, Any], label: str = "tunable"):
+        self.defaults = defaults
+        self.label = label
+        self._local = threading.local()
+
+    def get(self, name: str) -> Any:
+        """Return the current value of ``name`` (thread-local overrides first)."""
+        overrides = getattr(self._local, "overrides", None)
+        if overrides and name in overrides:
+            return overrides[name]
+        return self.defaults[name]
+
+    @contextlib.contextmanager
+    def override(self, **settings: Any) -> Iterator[None]:
+        """Temporarily override settings in the current thread."""
+        unknown = set(settings) - set(self.defaults)
+        if unknown:
+            raise ValueError(f"unknown {self.label}(s) {sorted(unknown)}; valid: {sorted(self.defaults)}")
+        old = getattr(self._local, "overrides", None)
+        self._local.overrides = {**(old or {}), **settings}
+        try:
+            yield
+        finally:
+            self._local.overrides = old
+
+
 DEFAULTS: dict[str, Any] = {
-    # Chunk length of the NumPy-API chunk scan (the in-chunk scan is a Python
-    # loop of this many vectorised steps, so it trades loop overhead against
-    # the size of the carry pass).
+    # Chunk length of the NumPy-API chunk scan's kernel matmul (constant decay).
     "numpy_chunk": 64,
     # Per-step decays (dones, masks, per-step gamma) scan chunks with C Python-level
     # steps; short chunks keep that loop cheap.  The effective length is
@@ -26,34 +65,11 @@ DEFAULTS: dict[str, Any] = {
     "numpy_block_elems": 1 << 20,
 }
 
-_local = threading.local()
+_host = Tunables(DEFAULTS)
 
+#: Current value of a host tunable.
+get = _host.get
 
-def get(name: str) -> Any:
-    """Return the current value of tunable ``name`` (thread-local overrides first)."""
-    overrides = getattr(_local, "overrides", None)
-    if overrides and name in overrides:
-        return overrides[name]
-    return DEFAULTS[name]
-
-
-@contextlib.contextmanager
-def override(**settings: Any) -> Iterator[None]:
-    """Temporarily override tunables in the current thread.
-
-    Examples
-    --------
-    >>> import gaescan._config as cfg
-    >>> with cfg.override(numpy_chunk=4):
-    ...     cfg.get("numpy_chunk")
-    4
-    """
-    unknown = set(settings) - set(DEFAULTS)
-    if unknown:
-        raise ValueError(f"unknown tunable(s) {sorted(unknown)}; valid: {sorted(DEFAULTS)}")
-    old = getattr(_local, "overrides", None)
-    _local.overrides = {**(old or {}), **settings}
-    try:
-        yield
-    finally:
-        _local.overrides = old
+#: Temporarily override host tunables in the current thread, e.g.
+#: ``with gaescan._config.override(numpy_chunk=4): ...``.
+override = _host.override

@@ -30,10 +30,8 @@ every tile, block and chunk boundary).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -44,6 +42,7 @@ try:
 except ImportError:  # pragma: no cover - older numba-cuda
     from numba import types
 
+from .._config import Tunables
 from .._problem import GAEProblem, ReturnsProblem, ScanProblem
 from ..kernels import cuda as kern
 
@@ -68,30 +67,15 @@ TUNABLES: dict[str, Any] = {
     "debug_typed_in_sim": False,
 }
 
-_local = threading.local()
 _lock = threading.Lock()
+_tunables = Tunables(TUNABLES, label="CUDA tunable")
 
+#: Current value of a tunable (thread-local overrides first).
+get = _tunables.get
 
-def get(name: str) -> Any:
-    """Current value of a tunable (thread-local overrides first)."""
-    ov = getattr(_local, "overrides", None)
-    if ov and name in ov:
-        return ov[name]
-    return TUNABLES[name]
-
-
-@contextlib.contextmanager
-def override(**settings: Any) -> Iterator[None]:
-    """Temporarily override tunables in the current thread (``with override(k=2, threads=8): ...``)."""
-    unknown = set(settings) - set(TUNABLES)
-    if unknown:
-        raise ValueError(f"unknown CUDA tunable(s) {sorted(unknown)}; valid: {sorted(TUNABLES)}")
-    old = getattr(_local, "overrides", None)
-    _local.overrides = {**(old or {}), **settings}
-    try:
-        yield
-    finally:
-        _local.overrides = old
+#: Temporarily override tunables in the current thread
+#: (``with override(k=2, threads=8): ...``).
+override = _tunables.override
 
 
 def is_simulator() -> bool:
