@@ -97,9 +97,9 @@ class Context:
         if self.library == "torch":
             if not self.on_device:
                 x = x.detach()
-                if x.dtype.is_complex or str(x.dtype) == "torch.bfloat16":
-                    # NumPy has no bfloat16; complex is rejected later with a clear message.
-                    x = x.float() if not x.dtype.is_complex else x
+                if str(x.dtype) == "torch.bfloat16":
+                    # NumPy has no bfloat16: compute in float32, as for float16.
+                    x = x.float()
                 return x.resolve_conj().numpy()
             return self.xp.from_dlpack(x.detach())
         if self.on_device:
