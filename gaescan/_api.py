@@ -50,6 +50,7 @@ def gae(
     lam: Any,
     next_values: Any = None,
     last_value: Any = None,
+    last_advantage: Any = None,
     dones: Any = None,
     terminated: Any = None,
     truncated: Any = None,
@@ -67,7 +68,7 @@ def gae(
 
         \delta_t &= r_t + \gamma_t\,(1 - \mathrm{term}_t)\,V'_t - V_t \\
         A_t &= \delta_t + \gamma_t \lambda_t\,(1 - \mathrm{done}_t)\,A_{t+1},
-        \qquad A_T = 0 \\
+        \qquad A_T = \text{last\_advantage} \ (\text{default } 0) \\
         R_t &= A_t + V_t
 
     where ``V'_t`` is ``next_values[t]`` when given, else ``V_{t+1}``, and
@@ -131,7 +132,7 @@ def gae(
     """
     named = dict(
         rewards=rewards, values=values, next_values=next_values, last_value=last_value,
-        dones=dones, terminated=terminated, truncated=truncated, mask=mask,
+        last_advantage=last_advantage, dones=dones, terminated=terminated, truncated=truncated, mask=mask,
         cu_seqlens=cu_seqlens, gamma=gamma, lam=lam,
     )
     ctx, name = _start(named, out, 2, backend)
@@ -160,7 +161,7 @@ def gae(
     mask_ = v.data_array(xp, c["mask"], "mask")
     v.check_same_shape("rewards", r, values=val, next_values=nv, mask=mask_,
                        **{"dones" if dones is not None else "terminated": term, "truncated": trunc})
-    dtype = v.result_dtype(r, val, nv, c["last_value"], c["gamma"], c["lam"])
+    dtype = v.result_dtype(r, val, nv, c["last_value"], c["last_advantage"], c["gamma"], c["lam"])
     cu = None
     if cu_seqlens is not None:
         cu = v.packed_offsets(xp, c["cu_seqlens"], tuple(r.shape), axis)
@@ -171,8 +172,10 @@ def gae(
     lam_ = v.coefficient(xp, c["lam"], "lam", shape, layout, dtype, unit_range=True)
     batch = layout.batch_shape if cu is None else (rows.nseg,)
     last = v.boundary_value(xp, c["last_value"], "last_value", batch, rows.nseg, dtype)
+    last_adv = v.boundary_value(xp, c["last_advantage"], "last_advantage", batch, rows.nseg, dtype)
     inputs = [(k, c[k]) for k in ("rewards", "values", "next_values", "dones", "terminated",
-                                  "truncated", "mask", "gamma", "lam", "last_value", "cu_seqlens")]
+                                  "truncated", "mask", "gamma", "lam", "last_value", "last_advantage",
+                                  "cu_seqlens")]
     outs = v.outputs(xp, _computed_out(ctx, out, 2), 2, layout, dtype, inputs)
     if layout.R and layout.T:
         p = GAEProblem(
@@ -184,7 +187,7 @@ def gae(
             truncated=None if trunc is None else layout.rows(xp, trunc),
             mask=None if mask_ is None else layout.rows(xp, mask_),
             gamma=gamma_, lam=lam_, last_value=last,
-            advantages=outs[0].rows, returns=outs[1].rows,
+            advantages=outs[0].rows, returns=outs[1].rows, last_advantage=last_adv,
         )
         with ctx.stream():
             _dispatch.load(name).gae(p)

@@ -162,7 +162,10 @@ def resolve(named: Mapping[str, Any]) -> Context:
     for name, x in named.items():
         if x is None:
             continue
-        lib = library_of(x)
+        try:
+            lib = library_of(x)
+        except TypeError as exc:
+            raise TypeError(f"{name!r}: {exc}") from None
         if lib == SCALAR:
             continue
         desc = _describe(lib, _device_of(x, lib))

@@ -18,8 +18,8 @@ Conventions that every backend relies on:
 * coefficients (``gamma``, ``lam``, ``a``) are either a Python ``float`` already
   rounded to ``dtype``, or an ``(R, T)`` view (possibly with zero strides, for
   per-row coefficients);
-* ``last_value`` / ``initial`` is a Python ``float`` or a 1-D array of length
-  ``nseg``;
+* ``last_value`` / ``last_advantage`` / ``initial`` is a Python ``float`` or a
+  1-D array of length ``nseg``;
 * outputs are writable ``(R, T)`` views of ``dtype`` that overlap no input; a
   backend writes every element of them (zeros at masked positions).
 """
@@ -72,6 +72,7 @@ class GAEProblem:
     when given, else the value at the next unmasked position of the same
     sequence, else ``last_value``.  ``done_t = term_t or trunc_t``.  Both the
     bootstrap and the done cut are selects, never multiplications by zero.
+    ``A`` past a sequence's last (unmasked) step is ``last_advantage``.
     """
 
     rows: Rows
@@ -86,6 +87,7 @@ class GAEProblem:
     last_value: Coeff
     advantages: Array
     returns: Array
+    last_advantage: Coeff = 0.0
 
 
 @dataclass(frozen=True)

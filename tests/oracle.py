@@ -97,12 +97,12 @@ def _unrows(rows, shape, axis):
 # --------------------------------------------------------------------------- gae
 
 
-def _gae_row(r, v, nv, term, done, g, lam, m, last):
+def _gae_row(r, v, nv, term, done, g, lam, m, last, last_adv=0.0):
     """One row of SPEC's gae on positions [0, T); returns (adv, ret) lists."""
     T = len(r)
     adv = [0.0] * T
     ret = [0.0] * T
-    a_next = 0.0  # A at the next valid position (A_T = 0)
+    a_next = last_adv  # A at the next valid position (A_T = last_advantage, default 0)
     v_next = last  # V at the next valid position, or last_value
     for t in range(T - 1, -1, -1):
         if not m[t]:
@@ -127,6 +127,7 @@ def gae_ref(
     lam,
     next_values=None,
     last_value=None,
+    last_advantage=None,
     dones=None,
     terminated=None,
     truncated=None,
@@ -135,9 +136,9 @@ def gae_ref(
     axis=-1,
     out_dtype=None,
 ):
-    """Float64 (advantages, returns) per SPEC ``gae``."""
+    """Float64 (advantages, returns) per SPEC ``gae`` (plus ``last_advantage`` = A_T)."""
     if out_dtype is None:
-        out_dtype = result_dtype(rewards, values, next_values, last_value, gamma, lam)
+        out_dtype = result_dtype(rewards, values, next_values, last_value, last_advantage, gamma, lam)
     out_dtype = np.dtype(out_dtype)
     r = _f64(rewards)
     shape = r.shape
@@ -162,10 +163,12 @@ def gae_ref(
     if cu_seqlens is None:
         batch_shape = np.moveaxis(np.empty(shape, dtype=np.int8), axis, -1).shape[:-1]
         last = _batch_value(last_value, batch_shape, out_dtype).reshape(-1)
+        last_adv = _batch_value(last_advantage, batch_shape, out_dtype).reshape(-1)
         segs = [(i, 0, rr.shape[1], i) for i in range(rr.shape[0])]
     else:
         cu = [int(c) for c in np.asarray(cu_seqlens)]
         last = _batch_value(last_value, (len(cu) - 1,), out_dtype)
+        last_adv = _batch_value(last_advantage, (len(cu) - 1,), out_dtype)
         segs = [(0, cu[s], cu[s + 1], s) for s in range(len(cu) - 1)]
     for row, lo, hi, k in segs:
         sl = slice(lo, hi)
@@ -179,6 +182,7 @@ def gae_ref(
             list(lr[row, sl]),
             list(mr[row, sl]),
             float(last[k]),
+            float(last_adv[k]),
         )
         adv[row, sl] = a
         ret[row, sl] = b

@@ -235,6 +235,15 @@ def test_last_value_shape(backend, rv, shape):
         backend.returns(r, gamma=0.9, last_value=f32(*shape))
 
 
+@pytest.mark.parametrize("shape", [(B + 1,), (T,), (B, 1), (1,)], ids=str)
+def test_last_advantage_shape_and_type(backend, rv, shape):
+    r, v = rv
+    with pytest.raises(ValueError, match="last_advantage"):
+        backend.gae(r, v, gamma=0.9, lam=0.9, last_advantage=f32(*shape))
+    with pytest.raises(TypeError, match="last_advantage"):
+        backend.gae(r, v, gamma=0.9, lam=0.9, last_advantage="0.5")
+
+
 @pytest.mark.parametrize("shape", [(B + 1,), (T,), (B, 1)], ids=str)
 def test_initial_shape(backend, rv, shape):
     r, _ = rv

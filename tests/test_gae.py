@@ -30,7 +30,8 @@ def check_gae(backend, dtype=None, **kw):
     ref_adv, ref_ret = oracle.gae_ref(**kw)
     if dtype is None:
         dtype = oracle.result_dtype(
-            kw["rewards"], kw["values"], kw.get("next_values"), kw.get("last_value"), kw["gamma"], kw["lam"]
+            kw["rewards"], kw["values"], kw.get("next_values"), kw.get("last_value"),
+            kw.get("last_advantage"), kw["gamma"], kw["lam"],
         )
     assert_close(res.advantages, ref_adv, dtype)
     assert_close(res.returns, ref_ret, dtype)
@@ -331,6 +332,83 @@ def test_last_value(backend, rng, kind):
     if kind == "done-at-end":
         base = backend.gae(r, v, gamma=0.95, lam=0.9, dones=d)
         np.testing.assert_array_equal(res.advantages[1:], base.advantages[1:])
+
+
+# -------------------------------------------------------------- last_advantage
+
+
+LAST_ADV = ["scalar", "per-row", "float64-forces-f64", "mask-at-end", "time-major",
+            "next_values", "done-at-end-nan", "packed", "packed-masked-ends"]
+
+
+@pytest.mark.parametrize("kind", LAST_ADV)
+def test_last_advantage(backend, rng, kind):
+    """A_T = last_advantage carries into the row (a select on done, like every cut)."""
+    B, T = 5, 45
+    shape, axis = (B, T), -1
+    kw = dict(gamma=0.97, lam=0.9)
+    if kind == "time-major":
+        shape, axis = (T, B), 0
+    r, v = random_data(rng, shape), random_data(rng, shape)
+    kw.update(rewards=r, values=v, axis=axis, dones=random_flags(rng, shape, 0.05))
+    kw["last_advantage"] = random_data(rng, (B,)) * 3
+    kw["last_value"] = random_data(rng, (B,))
+    if kind == "scalar":
+        kw["last_advantage"] = -2.5
+    elif kind == "float64-forces-f64":
+        kw["last_advantage"] = np.float64(1.25)
+    elif kind == "mask-at-end":
+        m = rng.random(shape) < 0.7
+        m[:, -6:] = False  # the carry passes through masked positions
+        m[0, :] = False
+        kw["mask"] = m
+    elif kind == "next_values":
+        del kw["dones"], kw["last_value"]
+        kw.update(flag_kwargs("term+trunc", rng, shape, v, p=0.1))
+    elif kind == "done-at-end-nan":
+        kw["dones"][:, -1] = True
+        kw["dones"][0, -1] = False
+        la = np.full(B, np.nan, dtype=np.float32)
+        la[0] = 1.5
+        kw["last_advantage"] = la
+    elif kind.startswith("packed"):
+        cu = np.array([0, 10, 10, 11, 30, 45])
+        n, S = 45, 5
+        r, v = random_data(rng, (n,)), random_data(rng, (n,))
+        kw.update(rewards=r, values=v, axis=-1, cu_seqlens=cu, dones=random_flags(rng, (n,), 0.1),
+                  last_value=random_data(rng, (S,)), last_advantage=random_data(rng, (S,)) * 3)
+        if kind == "packed-masked-ends":
+            m = rng.random(n) < 0.7
+            m[[9, 10, 28, 29, 44]] = False
+            kw["mask"] = m
+    res = check_gae(backend, **kw)
+    if kind == "done-at-end-nan":
+        assert np.isfinite(res.advantages[1:]).all()
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["plain", "mask"])
+def test_last_advantage_joins_slices(backend, rng, masked):
+    """A row cut in two: the head slice, given the tail's first advantage and value,
+    reproduces the whole row (the carry API's contract in its simplest form)."""
+    B, T, cut = 4, 90, 37
+    r, v = random_data(rng, (B, T)), random_data(rng, (B, T))
+    d = random_flags(rng, (B, T), 0.05)
+    lv = random_data(rng, (B,))
+    kw = dict(gamma=0.99, lam=0.95)
+    if masked:
+        m = np.ones((B, T), dtype=bool)
+        m[:, cut - 3:cut + 1] = False  # the join falls inside masked positions
+        kw["mask"] = m
+    whole = backend.gae(r, v, dones=d, last_value=lv, **kw)
+    tail_kw = {k: (x[:, cut:] if isinstance(x, np.ndarray) else x) for k, x in kw.items()}
+    head_kw = {k: (x[:, :cut] if isinstance(x, np.ndarray) else x) for k, x in kw.items()}
+    tail = backend.gae(r[:, cut:], v[:, cut:], dones=d[:, cut:], last_value=lv, **tail_kw)
+    first = cut + 1 if masked else cut  # the tail's first valid position
+    head = backend.gae(r[:, :cut], v[:, :cut], dones=d[:, :cut], last_value=v[:, first],
+                       last_advantage=tail.advantages[:, first - cut], **head_kw)
+    np.testing.assert_allclose(head.advantages, whole.advantages[:, :cut], rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(head.returns, whole.returns[:, :cut], rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(tail.advantages, whole.advantages[:, cut:], rtol=2e-5, atol=2e-5)
 
 
 # -------------------------------------------------------------------------- out

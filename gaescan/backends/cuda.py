@@ -335,7 +335,15 @@ def gae(p: GAEProblem) -> None:
     L = _Launch(p.rows, p.rewards)
     g, g_s, o1 = _coeff(L, p.gamma, kern.OPT_GARR)
     lm, l_s, o2 = _coeff(L, p.lam, kern.OPT_LARR)
-    lv, lv_s, o3 = _bound(L, p.last_value)
+    if isinstance(p.last_advantage, float) and p.last_advantage == 0:
+        lv, lv_s, o3 = _bound(L, p.last_value)
+    else:
+        # One O(rows) array holds both boundary values (stream-ordered fills, no sync):
+        # last_value at [s], last_advantage at [nseg + s].
+        both = L.xp.empty(2 * L.nseg, dtype=L.dtype)
+        both[: L.nseg] = p.last_value
+        both[L.nseg:] = p.last_advantage
+        lv, lv_s, o3 = L.arr(both, None, 1), 0.0, kern.OPT_LVARR | kern.OPT_LAARR
     term, o4 = _flag(L, p.terminated, kern.OPT_TERM)
     trunc, o5 = _flag(L, p.truncated, kern.OPT_TRUNC)
     mask, o6 = _flag(L, p.mask, kern.OPT_MASK)

@@ -98,28 +98,28 @@ def gae(p: GAEProblem) -> None:
         values if p.next_values is None else _data(p.next_values, rows),
         _coeff(p.gamma, rows), _coeff(p.lam, rows),
         _flag(p.terminated, rows, False), _flag(p.truncated, rows, False), _flag(p.mask, rows, True),
-        p.next_values is not None, _bound(p.last_value, rows), cu, packed,
+        p.next_values is not None, _bound(p.last_value, rows), _bound(p.last_advantage, rows), cu, packed,
         rows.dtype.type(0), p.advantages, p.returns,
     )
 
 
 def _gae_fast(p: GAEProblem, rows: Rows, gcol: np.ndarray, lcol: np.ndarray) -> None:
-    ft = rows.dtype.type
     r = _data(p.rewards, rows)
     v = _data(p.values, rows)
     term = None if p.terminated is None else _flag8(p.terminated)
     bound = _bound(p.last_value, rows)
+    carry = _bound(p.last_advantage, rows)
     adv, ret = p.advantages, p.returns
     tm = (rows.R > 1 and rows.T > 1 and r.strides[1] > r.strides[0]
           and _time_major(r, v, adv, ret) and (term is None or _time_major(term)))
     if tm:
         cpu.gae_timemajor(r.T, v.T, _NO_FLAGS if term is None else term.T, term is not None,
-                          gcol, lcol, bound, ft(0), adv.T, ret.T)
+                          gcol, lcol, bound, carry, adv.T, ret.T)
         return
     if term is None:
         # a zero-stride view of 0 (the ndarray constructor is cheaper than broadcast_to)
         term = np.ndarray((rows.R, rows.T), np.uint8, _ZERO8, 0, (0, 0))
-    cpu.gae_rows_fused(r, v, term, gcol, lcol, bound, ft(0), adv, ret)
+    cpu.gae_rows_fused(r, v, term, gcol, lcol, bound, carry, adv, ret)
 
 
 def discounted_returns(p: ReturnsProblem) -> None:

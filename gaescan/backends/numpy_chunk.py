@@ -185,14 +185,19 @@ class _Frame:
         T = rows.T
         ends = cu[1:]
         # Empty segments scatter into a dummy slot past the end.
-        target = xp.where(ends > cu[:-1], ends - 1, T)
+        self._target = xp.where(ends > cu[:-1], ends - 1, T)
         last = xp.zeros(T + 1, dtype=bool)
-        last[target] = True
-        after = xp.zeros(T + 1, dtype=rows.dtype)
-        after[target] = b
+        last[self._target] = True
         self.init = xp.zeros(1, dtype=rows.dtype)
         self.last = last[None, :T]
-        self.after = after[None, :T]
+        self.after = self.at_ends(b)
+
+    def at_ends(self, b: Any) -> Any:
+        """Per-segment values ``b`` placed at their segments' last positions (packed rows)."""
+        xp = self.rows.xp
+        after = xp.zeros(self.rows.T + 1, dtype=self.rows.dtype)
+        after[self._target] = b
+        return after[None, : self.rows.T]
 
     def next_valid(self, x: Any, valid: Any | None) -> Any:
         """``x`` at the next valid position of the same sequence, else the boundary value."""
@@ -305,12 +310,34 @@ def _gae(p: GAEProblem) -> None:
             decay: Coeff = float(dt.type(gamma) * dt.type(lam))
         else:
             decay = _typed(gamma, dt) * _typed(lam, dt)
+        init = xp.zeros(rows.R, dtype=dt)
+        if not (isinstance(p.last_advantage, float) and p.last_advantage == 0):
+            carry = _bound(p.last_advantage, rows)
+            if frame.last is None:
+                init = carry
+            else:
+                delta = _fold_end(xp, rows, frame, frame.at_ends(carry), decay, done, valid, delta)
         decay = _cut(xp, rows, decay, done, valid, frame)
-        adv = reverse_scan(xp, decay, delta, xp.zeros(rows.R, dtype=dt), _chunk(),
+        adv = reverse_scan(xp, decay, delta, init, _chunk(),
                            out=p.advantages if valid is None else None)
         if adv is not p.advantages:
             _finish(xp, adv, valid, p.advantages)
         _finish(xp, adv, valid, p.returns, plus=v)
+
+
+def _fold_end(xp: Any, rows: Rows, frame: _Frame, after: Any, decay: Coeff, done: Any | None,
+              valid: Any | None, b: Any) -> Any:
+    """Fold each packed segment's carry-in ``after`` into ``b`` at the segment's last position
+    (where :func:`_cut` makes the scan restart): ``b + decay·after`` there, a select on ``done``,
+    and ``after`` itself at a masked last position, which hands it on unchanged."""
+    dt = rows.dtype
+    term = decay * after
+    if done is not None:
+        term = xp.where(done, dt.type(0), term)
+    end = frame.last
+    if valid is not None:
+        return xp.where(end & ~valid, after, xp.where(end, b + term, b))
+    return xp.where(end, b + term, b)
 
 
 def _cut(xp: Any, rows: Rows, decay: Coeff, done: Any | None, valid: Any | None, frame: _Frame) -> Coeff:
@@ -340,14 +367,7 @@ def _returns(p: ReturnsProblem) -> None:
         dn = _flag(p.dones)
         if frame.last is not None:
             # G past a segment end is its last_value: fold it into b at the end step.
-            boot = _typed(_coeff(p.gamma, rows), dt) * frame.after
-            if dn is not None:
-                boot = xp.where(dn, zero, boot)
-            if valid is not None:
-                # A masked last position hands the boundary value on unchanged.
-                b = xp.where(frame.last & ~valid, frame.after, xp.where(frame.last, b + boot, b))
-            else:
-                b = xp.where(frame.last, b + boot, b)
+            b = _fold_end(xp, rows, frame, frame.after, _typed(_coeff(p.gamma, rows), dt), dn, valid, b)
         decay = _cut(xp, rows, _coeff(p.gamma, rows), dn, valid, frame)
         y = reverse_scan(xp, decay, b, frame.init, _chunk())
         _finish(xp, y, valid, p.returns)

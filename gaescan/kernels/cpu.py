@@ -11,7 +11,8 @@ same argument kinds:
   integer flags; an absent flag is a zero-stride view of 0, an absent mask
   one of 1);
 * ``bound`` holds one boundary value per sequence (``last_value`` or
-  ``initial``); ``cu`` the packed offsets, read when ``packed`` is true;
+  ``initial``), ``carry`` the GAE advantage past each sequence's end
+  (``last_advantage``); ``cu`` the packed offsets, read when ``packed`` is true;
 * ``zero`` is 0 of the output dtype, so every intermediate stays in that dtype
   (a bare ``0.0`` literal would promote float32 work to float64).
 
@@ -55,11 +56,11 @@ def _segment(s, packed, cu, T):
 @njit(
     _sigs(lambda ft, data, flag, out: types.void(
         data, data, data, data, data, flag, flag, flag,
-        types.boolean, _ro(ft, 1), _CU, types.boolean, ft, out, out)),
+        types.boolean, _ro(ft, 1), _ro(ft, 1), _CU, types.boolean, ft, out, out)),
     parallel=True, nogil=True, cache=True,
 )
 def gae_rows(rewards, values, next_values, gamma, lam, term, trunc, mask,
-             has_next, bound, cu, packed, zero, adv, ret):
+             has_next, bound, carry, cu, packed, zero, adv, ret):
     """``A_t = δ_t + γλ(1−done_t) A_{τ(t)}``, ``R_t = A_t + V_t`` per sequence.
 
     ``V'_t`` is ``next_values[r, t]`` when ``has_next``, else the value at the
@@ -68,7 +69,7 @@ def gae_rows(rewards, values, next_values, gamma, lam, term, trunc, mask,
     T = rewards.shape[1]
     for s in prange(bound.shape[0]):
         r, lo, hi = _segment(s, packed, cu, T)
-        a_next = zero
+        a_next = carry[s]
         v_next = bound[s]
         for t in range(hi - 1, lo - 1, -1):
             if not mask[r, t]:
@@ -162,12 +163,12 @@ def _gstep(rt, vt, vn, dt, g, gl, an):
 
 
 @njit(fastmath=_FM, nogil=True, cache=True)
-def _gae_row(ri, vi, di, ai, oi, g, gl, vlast, zero):
+def _gae_row(ri, vi, di, ai, oi, g, gl, vlast, alast):
     """One batch-major row, reverse in time, fused: δ on the fly, each output
     written once (a plain function: LLVM optimises it better than the same
     code inlined into a parfor body)."""
     T = ri.shape[0]
-    an = zero
+    an = alast
     vn = vlast
     for j in range(T):
         t = np.uint64(T - 1 - j)
@@ -179,11 +180,11 @@ def _gae_row(ri, vi, di, ai, oi, g, gl, vlast, zero):
 
 
 @njit(
-    [types.void(_ro(ft, 2), _ro(ft, 2), _U8A, _ro(ft, 1), _ro(ft, 1), _ro(ft, 1), ft,
+    [types.void(_ro(ft, 2), _ro(ft, 2), _U8A, _ro(ft, 1), _ro(ft, 1), _ro(ft, 1), _ro(ft, 1),
                 types.Array(ft, 2, "A"), types.Array(ft, 2, "A")) for ft in _FLOATS],
     parallel=True, nogil=True, cache=True, fastmath=_FM,
 )
-def gae_rows_fused(rewards, values, term, gcol, lcol, bound, zero, adv, ret):
+def gae_rows_fused(rewards, values, term, gcol, lcol, bound, carry, adv, ret):
     """Batch-major fused GAE (per-row γ/λ, terminations; no mask/next_values),
     any strides.  ``term`` is a uint8 view (nonzero = terminated); with no
     flags it is a zero-stride view of 0.
@@ -196,15 +197,15 @@ def gae_rows_fused(rewards, values, term, gcol, lcol, bound, zero, adv, ret):
     R = rewards.shape[0]
     for rr in prange(R):
         g = gcol[rr]
-        _gae_row(rewards[rr], values[rr], term[rr], adv[rr], ret[rr], g, g * lcol[rr], bound[rr], zero)
+        _gae_row(rewards[rr], values[rr], term[rr], adv[rr], ret[rr], g, g * lcol[rr], bound[rr], carry[rr])
 
 
 @njit(
-    [types.void(_c2(ft), _c2(ft), _U8C, types.boolean, _ro(ft, 1), _ro(ft, 1), _ro(ft, 1), ft,
+    [types.void(_c2(ft), _c2(ft), _U8C, types.boolean, _ro(ft, 1), _ro(ft, 1), _ro(ft, 1), _ro(ft, 1),
                 _c2(ft, False), _c2(ft, False)) for ft in _FLOATS],
     parallel=True, nogil=True, cache=True, fastmath=_FM,
 )
-def gae_timemajor(rewards, values, term, has_term, gcol, lcol, bound, zero, adv, ret):
+def gae_timemajor(rewards, values, term, has_term, gcol, lcol, bound, carry, adv, ret):
     """Time-major fused GAE on ``(T, R)`` C-contiguous arrays (the transposes
     of time-major ``(R, T)`` row views): the scan runs over ``t`` and is
     vectorised across a block of batch columns (no transposition); the
@@ -224,7 +225,7 @@ def gae_timemajor(rewards, values, term, has_term, gcol, lcol, bound, zero, adv,
         gg = np.empty(w, rewards.dtype)
         gl = np.empty(w, rewards.dtype)
         for k in range(w):
-            an[k] = zero
+            an[k] = carry[c0 + k]
             vn[k] = bound[c0 + k]
             gg[k] = gcol[c0 + k]
             gl[k] = gcol[c0 + k] * lcol[c0 + k]

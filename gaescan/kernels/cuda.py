@@ -87,6 +87,7 @@ OPT_LARR = 16
 OPT_LVARR = 32
 OPT_PACKED = 64
 OPT_DEBUG_SKIP = 128  # tests only: most tiles never publish their state (longer look-backs)
+OPT_LAARR = 256  # GAE: lv[nseg + s] holds last_advantage (A past sequence s), else 0
 
 FLAG_AGG = 1
 FLAG_INCL = 2
@@ -194,6 +195,12 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
         return lv_s
 
     @cuda.jit(device=True)
+    def carry_in(lv, opts, s, nseg):
+        if opts & OPT_LAARR:
+            return CAST(lv[nseg + s])
+        return CAST(0)
+
+    @cuda.jit(device=True)
     def elem(row, t, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s):
         zero = CAST(0)
         one = CAST(1)
@@ -239,7 +246,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
 
     @cuda.jit(device=True)
     def load(row, u_lo, u_hi, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-             lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv):
+             lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv, rq):
         """Stage the maps of steps u_lo .. u_lo+K-1 (those < u_hi) in per-thread arrays.
 
         K is a compile-time constant, so the loop unrolls and the arrays live in
@@ -262,6 +269,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
             ok[j] = False
             rs[j] = False
             rv[j] = zero
+            rq[j] = zero
             ea[j] = zero
             eb[j] = zero
             ec[j] = zero
@@ -279,6 +287,8 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
                     elif u == seg_hi - 1:
                         rs[j] = True
                         rv[j] = boundary(lv, lv_s, opts, s)
+                        if KIND == GAE_V or KIND == GAE_NEXT:
+                            rq[j] = carry_in(lv, opts, s, nseg)
                 if inside:
                     t = phys(u, T)
                     valid, a_, b_, c_, v_ = elem(row, t, opts, r, v, nv, term, trunc, mask,
@@ -290,14 +300,14 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
                     ev[j] = v_
 
     @cuda.jit(device=True)
-    def reset_map(bv):
+    def reset_map(bv, bc):
         zero = CAST(0)
         if KIND == RET:
             return zero, zero, bv, True, zero
-        return zero, zero, zero, True, bv
+        return zero, zero, bc, True, bv
 
     @cuda.jit(device=True)
-    def fold(ok, ea, eb, ec, ev, rs, rv):
+    def fold(ok, ea, eb, ec, ev, rs, rv, rq):
         """Compose the staged maps, latest step first."""
         zero = CAST(0)
         ma = CAST(1)
@@ -308,14 +318,14 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
         for jj in range(K):
             j = K - 1 - jj
             if rs[j]:
-                ra, rb, rc, rh, rf = reset_map(rv[j])
+                ra, rb, rc, rh, rf = reset_map(rv[j], rq[j])
                 ma, mb, mc, mh, mf = compose(ra, rb, rc, rh, rf, ma, mb, mc, mh, mf)
             if ok[j]:
                 ma, mb, mc, mh, mf = compose(ea[j], eb[j], ec[j], True, ev[j], ma, mb, mc, mh, mf)
         return ma, mb, mc, mh, mf
 
     @cuda.jit(device=True)
-    def emit(row, u_lo, u_hi, T, ok, ea, eb, ec, ev, rs, rv, A, Vn, out1, out2):
+    def emit(row, u_lo, u_hi, T, ok, ea, eb, ec, ev, rs, rv, rq, A, Vn, out1, out2):
         """Run the staged steps concretely from state (A, Vn) and write the outputs."""
         zero = CAST(0)
         for jj in range(K):
@@ -324,7 +334,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
             if u < u_hi:
                 t = phys(u, T)
                 if rs[j]:
-                    ra, rb, rc, rh, rf = reset_map(rv[j])
+                    ra, rb, rc, rh, rf = reset_map(rv[j], rq[j])
                     A, Vn = apply(ra, rb, rc, rh, rf, A, Vn)
                 if ok[j]:
                     A, Vn = apply(ea[j], eb[j], ec[j], True, ev[j], A, Vn)
@@ -395,13 +405,13 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
         return sh[0, idx], zero, sh[1, idx], False, zero
 
     @cuda.jit(device=True)
-    def start_state(lv, lv_s, opts, row):
+    def start_state(lv, lv_s, opts, row, nseg):
         zero = CAST(0)
         if PACKED:
             return zero, zero  # the segment ends restart the state
         bv = boundary(lv, lv_s, opts, row)
         if KIND == GAE_V or KIND == GAE_NEXT:
-            return zero, bv
+            return carry_in(lv, opts, row, nseg), bv
         return bv, zero
 
     @cuda.jit
@@ -415,6 +425,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
         ec = cuda.local.array(K, NBT)
         ev = cuda.local.array(K, NBT)
         rv = cuda.local.array(K, NBT)
+        rq = cuda.local.array(K, NBT)
         sh_state = cuda.shared.array((2, NSH), NBT)
         sh_tk = cuda.shared.array(1, np.int64)
         sh_lb = cuda.shared.array((NF, NSH), NBT)
@@ -432,7 +443,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
             row = cuda.blockIdx.x * RW + x
             live = row < R
             rr = row if live else 0
-            A, Vn = start_state(lv, lv_s, opts, rr)
+            A, Vn = start_state(lv, lv_s, opts, rr, nseg)
             ti = ntiles - 1
             while ti >= 0:
                 u0 = ti * tile + y * K
@@ -443,8 +454,8 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
                     u0 = T
                 if live:
                     load(rr, u0, u1, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-                         lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv)
-                    ma, mb, mc, mh, mf = fold(ok, ea, eb, ec, ev, rs, rv)
+                         lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv, rq)
+                    ma, mb, mc, mh, mf = fold(ok, ea, eb, ec, ev, rs, rv, rq)
                 else:
                     ma, mb, mc, mh, mf = CAST(1), zero, zero, False, zero
                 block_suffix_scan(sh, x, y, RW, TW, ma, mb, mc, mh, mf)
@@ -456,7 +467,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
                 ta, tb, tc, th, tf = read_map(sh, x)
                 A, Vn = apply(ta, tb, tc, th, tf, A, Vn)
                 if live:
-                    emit(rr, u0, u1, T, ok, ea, eb, ec, ev, rs, rv, cA, cV, out1, out2)
+                    emit(rr, u0, u1, T, ok, ea, eb, ec, ev, rs, rv, rq, cA, cV, out1, out2)
                 ti -= 1
         else:
             if x == 0 and y == 0:
@@ -477,8 +488,8 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
                 u0 = T
             if live:
                 load(rr, u0, u1, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-                     lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv)
-                ma, mb, mc, mh, mf = fold(ok, ea, eb, ec, ev, rs, rv)
+                     lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv, rq)
+                ma, mb, mc, mh, mf = fold(ok, ea, eb, ec, ev, rs, rv, rq)
             else:
                 ma, mb, mc, mh, mf = CAST(1), zero, zero, False, zero
             block_suffix_scan(sh, x, y, RW, TW, ma, mb, mc, mh, mf)
@@ -582,7 +593,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
                 m0 += TW
             if y == 0 and live:
                 if c_rev == 0:
-                    A, Vn = start_state(lv, lv_s, opts, rr)
+                    A, Vn = start_state(lv, lv_s, opts, rr, nseg)
                 sh_state[0, x] = A
                 sh_state[1, x] = Vn
                 ta, tb, tc, th, tf = read_map(sh, x)
@@ -600,6 +611,6 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
                 if y + 1 < TW:
                     xa, xb, xc, xh, xf = read_map(sh, (y + 1) * RW + x)
                     A, Vn = apply(xa, xb, xc, xh, xf, A, Vn)
-                emit(rr, u0, u1, T, ok, ea, eb, ec, ev, rs, rv, A, Vn, out1, out2)
+                emit(rr, u0, u1, T, ok, ea, eb, ec, ev, rs, rv, rq, A, Vn, out1, out2)
 
     return kernel
