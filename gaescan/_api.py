@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from . import _dispatch
 from . import _validate as v
 from ._arrays import Context, resolve
@@ -40,6 +42,41 @@ def _computed_out(ctx: Context, out: Any, count: int) -> Any:
             raise ValueError(f"out must be a sequence of {count} arrays (one per output)")
         return [ctx.to_compute(o) for o in out]
     return ctx.to_compute(out)
+
+
+_HOST_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_numba_cpu: Any = None
+
+
+def _gae_host_fast(rewards: Any, values: Any, gamma: Any, lam: Any, dones: Any, last_value: Any) -> Any:
+    """The commonest call — C-contiguous NumPy float32/float64 arrays of one
+    dtype and shape, time last, 1-byte ``dones`` or none, Python-scalar γ, λ
+    and ``last_value`` — validated in a few comparisons and sent straight to
+    the Numba kernels.  Returns ``None`` for anything else (or anything
+    doubtful, such as a γ outside [0, 1]): the general path then handles the
+    call, and raises its errors.  Both paths run the same kernels."""
+    global _numba_cpu
+    if type(rewards) is not np.ndarray or type(values) is not np.ndarray:
+        return None
+    dt = rewards.dtype
+    shape = rewards.shape
+    if (values.dtype != dt or dt not in _HOST_FLOATS or values.shape != shape or not shape
+            or not rewards.size or not rewards.flags.c_contiguous or not values.flags.c_contiguous):
+        return None
+    for c in (gamma, lam):
+        if (type(c) is not float and type(c) is not int) or not 0 <= c <= 1:
+            return None
+    if last_value is None:
+        last_value = 0.0
+    elif type(last_value) is not float and type(last_value) is not int:
+        return None
+    if dones is not None and (type(dones) is not np.ndarray or dones.shape != shape
+                              or dones.dtype.itemsize != 1 or dones.dtype.kind not in "biu"
+                              or not dones.flags.c_contiguous):
+        return None
+    if _numba_cpu is None:
+        _numba_cpu = _dispatch.load("numba")
+    return GAEResult(*_numba_cpu.gae_host_fast(rewards, values, dones, gamma, lam, last_value))
 
 
 def gae(
@@ -130,6 +167,12 @@ def gae(
     >>> adv
     array([[ 0.5, -0.5,  0.5]])
     """
+    if (next_values is None and last_advantage is None and terminated is None and truncated is None
+            and mask is None and cu_seqlens is None and out is None and type(axis) is int and axis == -1
+            and (backend == "auto" or backend == "numba")):
+        fast = _gae_host_fast(rewards, values, gamma, lam, dones, last_value)
+        if fast is not None:
+            return fast
     named = dict(
         rewards=rewards, values=values, next_values=next_values, last_value=last_value,
         last_advantage=last_advantage, dones=dones, terminated=terminated, truncated=truncated, mask=mask,

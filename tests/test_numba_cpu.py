@@ -199,5 +199,68 @@ def test_int64_indexing_logic():
 
 
 def test_specialisation_counts():
-    for k in (cpu.gae_rows_fused, cpu.gae_timemajor, cpu.gae_rows, cpu.returns_rows, cpu.scan_rows):
+    for k in (cpu.gae_rows_fused, cpu.gae_rows_fused_1t, cpu.gae_timemajor, cpu.gae_rows,
+              cpu.returns_rows, cpu.scan_rows):
         assert len(k.signatures) == 2, (k, k.signatures)
+
+
+# ------------------------------------------------------------- the lean host path
+
+
+@pytest.fixture
+def fast_calls(monkeypatch):
+    """Counts the calls that take the lean host path of gaescan.gae."""
+    from gaescan.backends import numba_cpu
+
+    calls = []
+    real = numba_cpu.gae_host_fast
+
+    def spy(*a):
+        calls.append(a)
+        return real(*a)
+
+    monkeypatch.setattr(numba_cpu, "gae_host_fast", spy)
+    return calls
+
+
+@pytest.mark.parametrize("shape", [(8, 1024), (1024,), (2, 3, 50), (64, 1024)], ids=str)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_lean_path_equals_general_path(fast_calls, shape, dtype):
+    """Same bits as the general path (reached here through ``out=``), on both
+    sides of the single-thread threshold."""
+    rng = np.random.default_rng(1)
+    r = rng.standard_normal(shape).astype(dtype)
+    v = rng.standard_normal(shape).astype(dtype)
+    d = rng.random(shape) < 0.05
+    for dones in (None, d, d.view(np.uint8)):
+        fast = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=dones, last_value=0.25)
+        assert len(fast_calls) == 1
+        fast_calls.clear()
+        out = (np.empty(shape, dtype), np.empty(shape, dtype))
+        gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=dones, last_value=0.25, out=out)
+        assert not fast_calls
+        assert fast.advantages.dtype == dtype and fast.advantages.shape == shape
+        np.testing.assert_array_equal(fast.advantages, out[0])
+        np.testing.assert_array_equal(fast.returns, out[1])
+
+
+def test_lean_path_leaves_doubtful_calls_to_the_general_path(fast_calls):
+    r = np.ones((2, 5), np.float32)
+    with pytest.raises(ValueError, match="gamma"):
+        gaescan.gae(r, r, gamma=1.5, lam=0.9)
+    with pytest.raises(ValueError, match="lam"):
+        gaescan.gae(r, r, gamma=0.9, lam=float("nan"))
+    with pytest.raises(ValueError, match="shape"):
+        gaescan.gae(r, r[:, :4].copy(), gamma=0.9, lam=0.9)
+    # NumPy scalars are weak, as on the general path; float64 arrays are not
+    assert gaescan.gae(r, r, gamma=np.float64(0.9), lam=0.9).advantages.dtype == np.float32
+    assert gaescan.gae(r, r.astype(np.float64), gamma=0.9, lam=0.9).advantages.dtype == np.float64
+    # flags wider than a byte, non-contiguous views, other axes: general path, same answer
+    d = np.zeros((2, 5), np.int32)
+    d[0, 2] = 1
+    a = gaescan.gae(r, r, gamma=0.9, lam=0.9, dones=d).advantages
+    b = gaescan.gae(r.T, r.T, gamma=0.9, lam=0.9, dones=d.T, axis=0).advantages
+    np.testing.assert_array_equal(a, b.T)
+    assert not fast_calls
+    assert gaescan.gae(r, r, gamma=1, lam=0, dones=d.astype(bool)).advantages.dtype == np.float32
+    assert len(fast_calls) == 1

@@ -78,6 +78,51 @@ def _column(c: Coeff, rows: Rows) -> np.ndarray | None:
     return None
 
 
+# Below this many steps a call runs on the calling thread: waking Numba's
+# thread pool costs about 10 µs, more than a serial pass over 32K steps.
+SERIAL_MAX_STEPS = 1 << 15
+
+_cols: dict[tuple, np.ndarray] = {}
+
+
+def _const_col(value: float, n: int, dtype: np.dtype) -> np.ndarray:
+    """A read-only ``(n,)`` array of ``value`` (cached: training loops repeat
+    the same γ, λ and batch size call after call)."""
+    key = (value, n, dtype.char)
+    col = _cols.get(key)
+    if col is None:
+        if len(_cols) > 64:
+            _cols.clear()
+        col = np.full(n, value, dtype=dtype)
+        col.flags.writeable = False
+        _cols[key] = col
+    return col
+
+
+def gae_host_fast(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray | None,
+                  gamma: float, lam: float, last_value: float) -> tuple[np.ndarray, np.ndarray]:
+    """The commonest host call, already validated by the caller: C-contiguous
+    float32/float64 ``rewards`` and ``values`` of one dtype, time on the last
+    axis, 1-byte ``dones`` or none, scalar γ, λ and ``last_value``."""
+    dt = rewards.dtype
+    shape = rewards.shape
+    T = shape[-1]
+    R = rewards.size // T
+    ft = dt.type
+    if dones is None:
+        term = np.ndarray((R, T), np.uint8, _ZERO8, 0, (0, 0))
+    else:
+        term = dones.reshape(R, T).view(np.uint8)
+    adv = np.empty(shape, dt)
+    ret = np.empty(shape, dt)
+    kernel = cpu.gae_rows_fused_1t if R * T <= SERIAL_MAX_STEPS else cpu.gae_rows_fused
+    kernel(rewards.reshape(R, T), values.reshape(R, T), term,
+           _const_col(float(ft(gamma)), R, dt), _const_col(float(ft(lam)), R, dt),
+           _const_col(float(ft(last_value)), R, dt), _const_col(0.0, R, dt),
+           adv.reshape(R, T), ret.reshape(R, T))
+    return adv, ret
+
+
 def _time_major(*arrays: np.ndarray) -> bool:
     return all(a.T.flags.c_contiguous for a in arrays)
 
@@ -119,7 +164,8 @@ def _gae_fast(p: GAEProblem, rows: Rows, gcol: np.ndarray, lcol: np.ndarray) -> 
     if term is None:
         # a zero-stride view of 0 (the ndarray constructor is cheaper than broadcast_to)
         term = np.ndarray((rows.R, rows.T), np.uint8, _ZERO8, 0, (0, 0))
-    cpu.gae_rows_fused(r, v, term, gcol, lcol, bound, carry, adv, ret)
+    kernel = cpu.gae_rows_fused_1t if rows.R * rows.T <= SERIAL_MAX_STEPS else cpu.gae_rows_fused
+    kernel(r, v, term, gcol, lcol, bound, carry, adv, ret)
 
 
 def discounted_returns(p: ReturnsProblem) -> None:

@@ -201,6 +201,20 @@ def gae_rows_fused(rewards, values, term, gcol, lcol, bound, carry, adv, ret):
 
 
 @njit(
+    [types.void(_ro(ft, 2), _ro(ft, 2), _U8A, _ro(ft, 1), _ro(ft, 1), _ro(ft, 1), _ro(ft, 1),
+                types.Array(ft, 2, "A"), types.Array(ft, 2, "A")) for ft in _FLOATS],
+    nogil=True, cache=True, fastmath=_FM,
+)
+def gae_rows_fused_1t(rewards, values, term, gcol, lcol, bound, carry, adv, ret):
+    """:func:`gae_rows_fused` on the calling thread: for small problems, where
+    waking the thread pool costs more than the work (same per-row code, so
+    the same bits)."""
+    for rr in range(rewards.shape[0]):
+        g = gcol[rr]
+        _gae_row(rewards[rr], values[rr], term[rr], adv[rr], ret[rr], g, g * lcol[rr], bound[rr], carry[rr])
+
+
+@njit(
     [types.void(_c2(ft), _c2(ft), _U8C, types.boolean, _ro(ft, 1), _ro(ft, 1), _ro(ft, 1), _ro(ft, 1),
                 _c2(ft, False), _c2(ft, False)) for ft in _FLOATS],
     parallel=True, nogil=True, cache=True, fastmath=_FM,
