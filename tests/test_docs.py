@@ -267,3 +267,13 @@ def test_api_docstring_examples() -> None:
     for t in tests:
         runner.run(t, out=out.append)
     assert not runner.failures, "".join(out)
+
+
+def test_semantics_diagram_is_current() -> None:
+    """``docs/img/semantics.svg`` is what ``docs/_ext/diagrams.py`` draws."""
+    import runpy
+
+    draw = runpy.run_path(str(ROOT / "docs" / "_ext" / "diagrams.py"))["draw"]
+    assert (ROOT / "docs" / "img" / "semantics.svg").read_text(encoding="utf-8") == draw(), (
+        "run: python docs/_ext/diagrams.py"
+    )
