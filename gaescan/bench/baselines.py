@@ -12,8 +12,13 @@ from typing import Any
 
 
 def serial_gae(xp: Any, rewards: Any, values: Any, gamma: float, lam: float,
-               dones: Any | None = None) -> Any:
-    """The textbook loop: vectorised over the batch, a Python loop over time."""
+               dones: Any | None = None, mask: Any | None = None) -> Any:
+    """The textbook loop: vectorised over the batch, a Python loop over time.
+
+    With ``mask`` (false = padding / prompt step, skipped), the carried
+    advantage and next value stay put across masked steps and those outputs are
+    0, as a careful user writes it (the SPEC's skip semantics).
+    """
     B, T = rewards.shape
     dt = rewards.dtype
     g = dt.type(gamma)
@@ -24,9 +29,16 @@ def serial_gae(xp: Any, rewards: Any, values: Any, gamma: float, lam: float,
     for t in range(T - 1, -1, -1):
         live = 1 if dones is None else 1 - dones[:, t].astype(dt)
         delta = rewards[:, t] + g * v_next * live - values[:, t]
-        last = delta + gl * live * last
-        adv[:, t] = last
-        v_next = values[:, t]
+        if mask is None:
+            last = delta + gl * live * last
+            adv[:, t] = last
+            v_next = values[:, t]
+        else:
+            m = mask[:, t]
+            step = delta + gl * live * last
+            adv[:, t] = xp.where(m, step, dt.type(0))
+            last = xp.where(m, step, last)
+            v_next = xp.where(m, values[:, t], v_next)
     return adv
 
 
