@@ -1,10 +1,33 @@
 """gaescan: GAE and discounted scans at the speed of memory.
 
-Public API: :func:`gae`, :func:`discounted_returns`, :func:`linear_scan`.
-Their semantics are fixed in the project's SPEC (see the documentation).
+Public API: :func:`gae`, :func:`discounted_returns`, :func:`linear_scan`, and
+the carry API for rows split into time slices (:func:`gae_summary`,
+:func:`returns_summary`, :func:`scan_summary`, :func:`bootstrap_summary`,
+:func:`carry_in`).  Their semantics are fixed in the project's SPEC (see the
+documentation).
 """
 
 from ._api import GAEResult, discounted_returns, gae, linear_scan
+from ._carry import (
+    ScanSummary,
+    bootstrap_summary,
+    carry_in,
+    gae_summary,
+    returns_summary,
+    scan_summary,
+)
 
-__all__ = ["GAEResult", "gae", "discounted_returns", "linear_scan", "__version__"]
+__all__ = [
+    "GAEResult",
+    "gae",
+    "discounted_returns",
+    "linear_scan",
+    "ScanSummary",
+    "gae_summary",
+    "returns_summary",
+    "scan_summary",
+    "bootstrap_summary",
+    "carry_in",
+    "__version__",
+]
 __version__ = "0.1.0"

@@ -1,0 +1,453 @@
+r"""The carry API: exact scans over rows split into contiguous time slices.
+
+Every scan of gaescan is an affine recurrence along time, so the effect of
+everything *after* a slice (for the reverse scans) on the slice's outputs is
+one number per row: the scan's value just past the slice, the *carry*.  A
+slice is summarised by two numbers per row,
+
+.. math::
+
+    \text{decay} = \prod_{t \in \text{slice, valid}} a_t, \qquad
+    \text{head} = y_{t_0}\big|_{\text{carry} = 0},
+
+where ``t_0`` is the slice's first valid step (its last one for a forward
+:func:`~gaescan.linear_scan`) and ``a_t`` is the step's decay (``γ_t λ_t`` for
+GAE, ``γ_t`` for returns, ``a_t`` for ``linear_scan``; 0 at a done, 1 at a
+masked position).  The scan's value at ``t_0`` for any carry ``c`` is then
+``head + decay · c`` — a *select* when ``decay == 0``, so that a NaN or inf
+carry never crosses a done.  :func:`carry_in` chains these maps across the
+slices (right to left for the reverse scans) and hands every slice the carry
+it must pass to the ordinary scan (``last_value``, ``last_advantage`` or
+``initial``).  Only ``O(rows)`` numbers ever cross between slices.
+
+This module is the sequence-parallel ("context parallel") recipe of the
+documentation and the block-level carry pass of the Dask backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from . import _api
+from . import _validate as v
+from ._arrays import SCALAR, Context, library_of, resolve
+
+__all__ = [
+    "ScanSummary",
+    "gae_summary",
+    "returns_summary",
+    "scan_summary",
+    "bootstrap_summary",
+    "carry_in",
+]
+
+
+class ScanSummary(NamedTuple):
+    """Per-row summary of one time slice of a scan (arrays of the batch shape)."""
+
+    decay: Any
+    """``∏ a_t`` over the slice's valid steps (0 if a done cuts it, 1 if none is valid)."""
+    head: Any
+    """The scan's value at the slice's first valid step with a zero carry (0 if none is valid)."""
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _prepare(named: dict[str, Any]) -> tuple[Context, Any, dict[str, Any]]:
+    ctx = resolve(named)
+    return ctx, ctx.xp, {k: ctx.to_compute(x) for k, x in named.items()}
+
+
+def _is_array(x: Any) -> bool:
+    return x is not None and not v._is_scalar(x)
+
+
+def _decay_product(
+    xp: Any,
+    layout: v.Layout,
+    dtype: np.dtype,
+    coeffs: Sequence[Any],
+    cuts: Sequence[Any],
+    mask: Any,
+) -> Any:
+    """``∏_t a_t`` per row over valid steps, ``a_t = ∏ coeffs`` (0 at a cut or ``a_t == 0``).
+
+    The product runs in float64 and is rounded to ``dtype`` once.
+    """
+    R, T = layout.R, layout.T
+    valid = None if mask is None else layout.rows(xp, mask) != 0
+    cut = None
+    for f in cuts:
+        if f is not None:
+            fr = layout.rows(xp, f) != 0
+            cut = fr if cut is None else cut | fr
+    if all(not _is_array(c) for c in coeffs):
+        # Scalar decays: a power of the count of valid steps, no full-size temporaries.
+        a = dtype.type(1)
+        for c in coeffs:
+            a = a * dtype.type(c)
+        n = xp.full((R,), T, dtype=np.int64) if valid is None else xp.count_nonzero(valid, axis=1)
+        prod = xp.power(xp.float64(a), n.astype(xp.float64))
+        if a == 0:
+            prod = xp.where(n > 0, 0.0, 1.0)
+    else:
+        a = None
+        for c in coeffs:
+            if _is_array(c):
+                term = layout.rows(xp, xp.broadcast_to(c, layout.shape)).astype(dtype)
+            else:
+                term = dtype.type(c)
+            a = term if a is None else a * term
+        a = xp.broadcast_to(xp.asarray(a, dtype=dtype), (R, T))
+        if valid is not None:
+            a = xp.where(valid, a, dtype.type(1))
+        # A zero decay is a select in the kernels: it must win over an inf/NaN elsewhere.
+        zero = xp.any(a == 0, axis=1)
+        prod = xp.where(zero, 0.0, xp.prod(a, axis=1, dtype=xp.float64))
+    if cut is not None:
+        if valid is not None:
+            cut = cut & valid
+        prod = xp.where(xp.any(cut, axis=1), 0.0, prod)
+    return prod.astype(dtype).reshape(layout.batch_shape)
+
+
+def _head(xp: Any, layout: v.Layout, y: Any, mask: Any, last: bool = False) -> Any:
+    """``y`` at each row's first valid step (last step if ``last``); 0 when there is none."""
+    R, T = layout.R, layout.T
+    if T == 0 or R == 0:
+        return xp.zeros(layout.batch_shape, dtype=y.dtype)
+    yr = layout.rows(xp, y)
+    if mask is None:
+        h = yr[:, -1] if last else yr[:, 0]
+    else:
+        valid = layout.rows(xp, mask) != 0
+        idx = xp.argmax(valid, axis=1)
+        h = xp.take_along_axis(yr, idx[:, None], axis=1)[:, 0]
+        h = xp.where(xp.any(valid, axis=1), h, y.dtype.type(0))
+    return xp.ascontiguousarray(h).reshape(layout.batch_shape)
+
+
+def _combine(xp: Any, decay: Any, head: Any, carry: Any) -> Any:
+    """``head + decay · carry``, a select where ``decay == 0`` (no NaN crosses a done)."""
+    if carry is None:
+        carry = 0.0
+    return xp.where(decay == 0, head, head + decay * carry)
+
+
+# ---------------------------------------------------------------- summaries
+
+
+def gae_summary(
+    rewards: Any,
+    values: Any,
+    *,
+    gamma: Any,
+    lam: Any,
+    next_values: Any = None,
+    last_value: Any = None,
+    dones: Any = None,
+    terminated: Any = None,
+    truncated: Any = None,
+    mask: Any = None,
+    axis: int = -1,
+    backend: str = "auto",
+) -> ScanSummary:
+    r"""Summary of one time slice for sequence-parallel :func:`~gaescan.gae`.
+
+    For each row of the slice, with ``t_0`` its first valid (unmasked) step:
+
+    .. math::
+
+        \text{decay} = \prod_{t\ \text{valid}} \gamma_t \lambda_t (1 - \text{done}_t),
+        \qquad
+        \text{head} = A_{t_0}\big|_{\text{last\_advantage} = 0}
+
+    so that ``A_{t_0} = head + decay · A_next`` for the advantage ``A_next`` at
+    the first valid step after the slice (a select when ``decay == 0``).  Pass
+    the slice's true bootstrap as ``last_value``: the value ``V`` at the first
+    valid step of the later slices (from :func:`bootstrap_summary` and
+    :func:`carry_in`), or the row's own ``last_value`` for the last slice;
+    with ``next_values`` no bootstrap is needed.
+
+    Parameters
+    ----------
+    rewards, values, gamma, lam, next_values, last_value, dones, terminated, truncated, mask, axis, backend
+        As for :func:`~gaescan.gae`, restricted to the slice (``cu_seqlens``
+        is not supported).
+
+    Returns
+    -------
+    ScanSummary
+        ``(decay, head)``, arrays of the batch shape in the output dtype of
+        ``gae`` and the inputs' array library.
+
+    Notes
+    -----
+    Cost: one :func:`~gaescan.gae` call on the slice plus one reduction over
+    the flags (and over the coefficients when they are arrays), i.e. about
+    one to two passes over the slice.
+    """
+    named = dict(rewards=rewards, values=values, next_values=next_values, last_value=last_value,
+                 dones=dones, terminated=terminated, truncated=truncated, mask=mask,
+                 gamma=gamma, lam=lam)
+    ctx, xp, c = _prepare(named)
+    res = _api.gae(c["rewards"], c["values"], gamma=c["gamma"], lam=c["lam"],
+                   next_values=c["next_values"], last_value=c["last_value"], dones=c["dones"],
+                   terminated=c["terminated"], truncated=c["truncated"], mask=c["mask"],
+                   axis=axis, backend=backend)
+    adv = res.advantages
+    layout = v.layout_of(tuple(adv.shape), axis)
+    decay = _decay_product(xp, layout, adv.dtype, [c["gamma"], c["lam"]],
+                           [c["dones"], c["terminated"], c["truncated"]], c["mask"])
+    head = _head(xp, layout, adv, c["mask"])
+    return ScanSummary(ctx.from_compute(decay), ctx.from_compute(head))
+
+
+def returns_summary(
+    rewards: Any,
+    *,
+    gamma: Any,
+    dones: Any = None,
+    mask: Any = None,
+    axis: int = -1,
+    backend: str = "auto",
+) -> ScanSummary:
+    r"""Summary of one time slice for sequence-parallel :func:`~gaescan.discounted_returns`.
+
+    .. math::
+
+        \text{decay} = \prod_{t\ \text{valid}} \gamma_t (1 - \text{done}_t), \qquad
+        \text{head} = G_{t_0}\big|_{\text{last\_value} = 0}
+
+    so that ``G_{t_0} = head + decay · G_next`` (a select when ``decay == 0``).
+
+    Parameters
+    ----------
+    rewards, gamma, dones, mask, axis, backend
+        As for :func:`~gaescan.discounted_returns`, restricted to the slice.
+
+    Returns
+    -------
+    ScanSummary
+        ``(decay, head)`` of the batch shape.
+
+    Notes
+    -----
+    Cost: one ``discounted_returns`` call on the slice plus one reduction.
+    """
+    named = dict(rewards=rewards, dones=dones, mask=mask, gamma=gamma)
+    ctx, xp, c = _prepare(named)
+    g = _api.discounted_returns(c["rewards"], gamma=c["gamma"], dones=c["dones"], mask=c["mask"],
+                                axis=axis, backend=backend)
+    layout = v.layout_of(tuple(g.shape), axis)
+    decay = _decay_product(xp, layout, g.dtype, [c["gamma"]], [c["dones"]], c["mask"])
+    head = _head(xp, layout, g, c["mask"])
+    return ScanSummary(ctx.from_compute(decay), ctx.from_compute(head))
+
+
+def scan_summary(
+    a: Any,
+    b: Any,
+    *,
+    reverse: bool = False,
+    axis: int = -1,
+    backend: str = "auto",
+) -> ScanSummary:
+    r"""Summary of one time slice for :func:`~gaescan.linear_scan`.
+
+    .. math::
+
+        \text{decay} = \prod_{t} a_t, \qquad
+        \text{head} = y_{t_0}\big|_{\text{initial} = 0}
+
+    with ``t_0`` the slice's first step for a reverse scan and its last step
+    for a forward one, so that ``y_{t_0} = head + decay · carry`` (a select
+    when ``decay == 0``, as in the kernels).
+
+    Parameters
+    ----------
+    a, b, reverse, axis, backend
+        As for :func:`~gaescan.linear_scan`, restricted to the slice.
+
+    Returns
+    -------
+    ScanSummary
+        ``(decay, head)`` of the batch shape.
+
+    Notes
+    -----
+    Cost: one ``linear_scan`` call plus, for array ``a``, one product reduction.
+    """
+    if not isinstance(reverse, bool):
+        raise TypeError(f"reverse must be a bool, got {reverse!r}")
+    ctx, xp, c = _prepare(dict(a=a, b=b))
+    y = _api.linear_scan(c["a"], c["b"], reverse=reverse, axis=axis, backend=backend)
+    layout = v.layout_of(tuple(y.shape), axis)
+    decay = _decay_product(xp, layout, y.dtype, [c["a"]], [], None)
+    head = _head(xp, layout, y, None, last=not reverse)
+    return ScanSummary(ctx.from_compute(decay), ctx.from_compute(head))
+
+
+def bootstrap_summary(values: Any, *, mask: Any = None, axis: int = -1) -> ScanSummary:
+    r"""Summary of one slice for the ``V'`` bootstrap of :func:`~gaescan.gae`.
+
+    The bootstrap of a slice (its ``last_value``) is ``V`` at the first valid
+    step of the later slices.  That is itself a carried quantity with
+
+    .. math::
+
+        \text{decay} = [\text{no valid step in the slice}], \qquad
+        \text{head} = V_{t_0}\ (0 \text{ if there is none}),
+
+    so :func:`carry_in` over these summaries, with the rows' ``last_value`` as
+    the boundary, gives every slice its ``last_value``.  Without a mask the
+    head is just the slice's first value.  Not needed with ``next_values``.
+
+    Parameters
+    ----------
+    values : array
+        ``V_t`` on the slice.
+    mask : array, optional
+        As for :func:`~gaescan.gae`; masked values are never read.
+    axis : int, default -1
+        The time axis.
+
+    Returns
+    -------
+    ScanSummary
+        ``(decay, head)`` of the batch shape, float64 if ``values`` is float64,
+        else float32.
+    """
+    ctx, xp, c = _prepare(dict(values=values, mask=mask))
+    val = v.data_array(xp, c["values"], "values")
+    if val is None:
+        raise TypeError("values is a required array")
+    m = v.data_array(xp, c["mask"], "mask")
+    v.check_same_shape("values", val, mask=m)
+    dtype = v.result_dtype(val)
+    layout = v.layout_of(tuple(val.shape), axis)
+    if layout.R == 0 or layout.T == 0:
+        head = xp.zeros(layout.batch_shape, dtype=dtype)
+        decay = xp.ones(layout.batch_shape, dtype=dtype)
+    else:
+        rows = layout.rows(xp, val)
+        if m is None:
+            head = rows[:, 0].astype(dtype)
+            decay = xp.zeros(layout.R, dtype=dtype)
+        else:
+            valid = layout.rows(xp, m) != 0
+            anyv = xp.any(valid, axis=1)
+            h = xp.take_along_axis(rows, xp.argmax(valid, axis=1)[:, None], axis=1)[:, 0].astype(dtype)
+            head = xp.where(anyv, h, dtype.type(0))
+            decay = xp.where(anyv, dtype.type(0), dtype.type(1))
+        head = xp.ascontiguousarray(head).reshape(layout.batch_shape)
+        decay = decay.reshape(layout.batch_shape)
+    return ScanSummary(ctx.from_compute(decay), ctx.from_compute(head))
+
+
+# ---------------------------------------------------------------- the carry pass
+
+
+def carry_in(summaries: Any, boundary: Any = None, *, reverse: bool = True) -> Any:
+    r"""Each slice's carry-in from the summaries of all slices of the same rows.
+
+    With slices ``0 .. k-1`` in time order and ``(d_i, h_i)`` their summaries,
+    the carry into slice ``i`` of a reverse scan is (an exclusive scan across
+    slices, right to left)
+
+    .. math::
+
+        c_{k-1} = \text{boundary}, \qquad
+        c_i = \begin{cases} h_{i+1} & d_{i+1} = 0 \\
+                            h_{i+1} + d_{i+1}\, c_{i+1} & \text{otherwise} \end{cases}
+
+    and for a forward scan (``reverse=False``) left to right,
+    ``c_0 = boundary``, ``c_i = h_{i-1} + d_{i-1} c_{i-1}`` (same select).
+
+    Pass ``c_i`` to slice ``i``'s scan as ``last_advantage`` (GAE), as
+    ``last_value`` (returns, and the GAE bootstrap with
+    :func:`bootstrap_summary`), or as ``initial`` (``linear_scan``).
+
+    Parameters
+    ----------
+    summaries : ScanSummary of stacked arrays, or sequence of ScanSummary
+        ``decay`` and ``head`` of shape ``(k, *batch)`` (slice index first),
+        or a time-ordered sequence of ``k`` per-slice summaries.
+    boundary : float or array, optional
+        The value past the end of the rows (before their start, forward):
+        the rows' ``last_value``, ``last_advantage`` or ``initial``; a scalar
+        or an array of the batch shape.  Default 0.
+    reverse : bool, default True
+        False for a forward ``linear_scan``.
+
+    Returns
+    -------
+    array
+        The carries, shape ``(k, *batch)``, in the summaries' array library.
+
+    Notes
+    -----
+    ``k`` vectorised steps over ``O(rows)`` numbers; nothing else crosses
+    between slices.
+    """
+    if not isinstance(reverse, bool):
+        raise TypeError(f"reverse must be a bool, got {reverse!r}")
+    is_seq = (
+        isinstance(summaries, Sequence) and not isinstance(summaries, (str, bytes)) and len(summaries) > 0
+        and all(isinstance(s, tuple) for s in summaries)
+    )
+    if is_seq:
+        for i, s in enumerate(summaries):
+            if len(s) != 2:
+                raise TypeError(f"summaries[{i}] must be a ScanSummary (decay, head), got {len(s)} items")
+        named = {f"summaries[{i}].{f}": x for i, s in enumerate(summaries)
+                 for f, x in zip(("decay", "head"), s, strict=True)}
+        named["boundary"] = boundary
+        ctx, xp, c = _prepare(named)
+        k = len(summaries)
+        decay = xp.stack([xp.asarray(c[f"summaries[{i}].decay"]) for i in range(k)])
+        head = xp.stack([xp.asarray(c[f"summaries[{i}].head"]) for i in range(k)])
+    elif isinstance(summaries, tuple) and len(summaries) == 2:
+        ctx, xp, c = _prepare(dict(decay=summaries[0], head=summaries[1], boundary=boundary))
+        decay, head = c["decay"], c["head"]
+    else:
+        raise TypeError(
+            "summaries must be a ScanSummary of stacked (k, *batch) arrays or a non-empty sequence of "
+            f"ScanSummary, got {type(summaries).__name__}"
+        )
+    if library_of(decay) == SCALAR or decay.ndim < 1:
+        raise ValueError("stacked summaries need a leading slice axis: decay and head of shape (k, *batch)")
+    if tuple(decay.shape) != tuple(head.shape):
+        raise ValueError(
+            f"decay has shape {tuple(decay.shape)} but head has shape {tuple(head.shape)}; they must match"
+        )
+    for name, x in (("decay", decay), ("head", head)):
+        v._check_numeric(x, name)
+    k, batch = decay.shape[0], tuple(decay.shape[1:])
+    if k == 0:
+        raise ValueError("carry_in needs the summary of at least one slice (k = 0)")
+    bnd = c["boundary"]
+    if bnd is None:
+        bnd = 0.0
+    elif v._is_scalar(bnd):
+        bnd = v.boundary_value(xp, bnd, "boundary", batch, 1, np.dtype(np.float64))
+    else:
+        v._check_numeric(bnd, "boundary")
+        if tuple(bnd.shape) != batch:
+            raise ValueError(
+                f"boundary has shape {tuple(bnd.shape)}; it must be a scalar or have the batch shape {batch}"
+            )
+    dtype = xp.result_type(decay, head, *([bnd] if _is_array(bnd) else []))
+    if dtype.kind != "f":
+        dtype = np.dtype(np.float32)
+    out = xp.empty((k, *batch), dtype=dtype)
+    carry = xp.asarray(bnd, dtype=dtype)
+    order = range(k - 1, -1, -1) if reverse else range(k)
+    for i in order:
+        out[i] = carry
+        carry = _combine(xp, decay[i], head[i], carry).astype(dtype, copy=False)
+    return ctx.from_compute(out)
