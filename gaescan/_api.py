@@ -9,7 +9,7 @@ import numpy as np
 
 from . import _dispatch
 from . import _validate as v
-from ._arrays import Context, resolve
+from ._arrays import Context, any_dask, resolve
 from ._problem import GAEProblem, ReturnsProblem, ScanProblem
 
 __all__ = ["GAEResult", "gae", "discounted_returns", "linear_scan"]
@@ -173,6 +173,14 @@ def gae(
         fast = _gae_host_fast(rewards, values, gamma, lam, dones, last_value)
         if fast is not None:
             return fast
+    if any_dask(rewards, values, next_values, last_value, last_advantage, dones, terminated,
+                truncated, mask, gamma, lam, cu_seqlens, out):
+        from .backends import dask as _dask
+
+        return _dask.gae(rewards, values, gamma=gamma, lam=lam, next_values=next_values,
+                         last_value=last_value, last_advantage=last_advantage, dones=dones,
+                         terminated=terminated, truncated=truncated, mask=mask, cu_seqlens=cu_seqlens,
+                         axis=axis, out=out, backend=backend)
     named = dict(
         rewards=rewards, values=values, next_values=next_values, last_value=last_value,
         last_advantage=last_advantage, dones=dones, terminated=terminated, truncated=truncated, mask=mask,
@@ -294,6 +302,11 @@ def discounted_returns(
     >>> gaescan.discounted_returns(np.array([1.0, 1.0, 1.0]), gamma=0.5)
     array([1.75, 1.5 , 1.  ])
     """
+    if any_dask(rewards, dones, last_value, mask, gamma, cu_seqlens, out):
+        from .backends import dask as _dask
+
+        return _dask.discounted_returns(rewards, gamma=gamma, dones=dones, last_value=last_value, mask=mask,
+                                        cu_seqlens=cu_seqlens, axis=axis, out=out, backend=backend)
     named = dict(rewards=rewards, dones=dones, last_value=last_value, mask=mask,
                  cu_seqlens=cu_seqlens, gamma=gamma)
     ctx, name = _start(named, out, 1, backend)
@@ -380,6 +393,10 @@ def linear_scan(
     """
     if not isinstance(reverse, (bool,)) and not (hasattr(reverse, "dtype") and reverse.dtype == bool):
         raise TypeError(f"reverse must be a bool, got {reverse!r}")
+    if any_dask(a, b, initial, out):
+        from .backends import dask as _dask
+
+        return _dask.linear_scan(a, b, reverse=reverse, initial=initial, axis=axis, out=out, backend=backend)
     named = dict(a=a, b=b, initial=initial)
     ctx, name = _start(named, out, 1, backend)
     xp = ctx.xp

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +51,24 @@ def library_of(x: Any) -> str:
         f"unsupported argument of type {type(x).__module__}.{type(x).__qualname__}; "
         "pass a NumPy, CuPy or PyTorch array (or a Python scalar where a scalar is allowed)"
     )
+
+
+def any_dask(*xs: Any) -> bool:
+    """True if any argument is a Dask array (or a sequence of them, for ``out=``).
+
+    Costs one dictionary lookup when Dask has not been imported: nobody can
+    hold a Dask array then.
+    """
+    if "dask" not in sys.modules:
+        return False
+    for x in xs:
+        if x is None:
+            continue
+        if type(x).__module__[:5] == "dask.":
+            return True
+        if isinstance(x, (list, tuple)) and any(type(y).__module__[:5] == "dask." for y in x):
+            return True
+    return False
 
 
 def _device_of(x: Any, lib: str) -> str:
@@ -181,9 +200,12 @@ def resolve(named: Mapping[str, Any]) -> Context:
         raise TypeError("no array argument given: pass the data as an array, not only scalars")
     (lib,) = libs
     if lib == "dask":
+        # gae, discounted_returns and linear_scan route Dask arrays to the Dask
+        # backend before they get here; everything else needs in-memory arrays.
         raise TypeError(
-            "Dask arrays are not supported by this version of gaescan; "
-            "compute them first (x.compute()) or process blocks with map_blocks"
+            "this function needs in-memory arrays, not Dask arrays; gaescan.gae, "
+            "discounted_returns and linear_scan accept Dask arrays directly (lazily), "
+            "or compute them first (x.compute())"
         )
     if lib == "torch":
         (desc,) = seen

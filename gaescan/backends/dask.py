@@ -1,0 +1,462 @@
+r"""Dask arrays: the block-level carry pass, one level above the kernels.
+
+Imported only when a public function sees a Dask array.  A call becomes a
+lazy graph over the blocks of the inputs (chunked along time and batch in any
+way); every block is computed by the backend of its chunk type (NumPy chunks
+→ ``"numba"``, CuPy chunks → ``"cuda"``, or the caller's ``backend=``).
+
+For a reverse scan over time blocks ``0 .. n-1`` of each row-block:
+
+1. *summaries*: for every block ``j ≥ 1``, per row, ``(decay, head)`` of the
+   block (see :mod:`gaescan._carry`): ``decay = ∏ a_t`` over its valid steps
+   and ``head`` = the scan's value at its first valid step with a zero carry;
+2. *carry pass*: ``c_{n-1}`` = the caller's boundary, and
+   ``c_j = head_{j+1} + decay_{j+1} · c_{j+1}`` (a select when the decay is
+   0) — tiny tasks on arrays of the block's batch shape;
+3. *final blocks*: the ordinary scan of block ``j`` with carry-in ``c_j``.
+
+A block needs nothing from other blocks but these per-row carries.  GAE
+carries two quantities: the bootstrap ``V'`` of the block's last valid step
+(the value at the first valid step of the later blocks, itself carried with
+:func:`gaescan.bootstrap_summary`; not needed with ``next_values``) and the
+advantage ``A`` after the block (``last_advantage``).  A forward
+``linear_scan`` runs the carry pass left to right.
+
+Choices where the contract is silent: NumPy arrays mixed with Dask arrays are
+wrapped with the chunks of the first Dask data array; the result has those
+chunks.  ``out=`` and ``cu_seqlens`` are rejected.  Array coefficient values
+given as Dask arrays are range-checked when their blocks are computed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import dask.array as da
+import numpy as np
+from dask.base import tokenize
+from dask.highlevelgraph import HighLevelGraph
+
+from .. import _api, _carry, _dispatch
+from .. import _validate as v
+from .._arrays import SCALAR, Context, library_of
+
+# --------------------------------------------------------------------------- arguments
+
+
+def _chunk_library(x: Any) -> str:
+    lib = library_of(x)
+    if lib == "dask":
+        meta = getattr(x, "_meta", None)
+        return "cupy" if library_of(meta) == "cupy" else "numpy"
+    return lib
+
+
+def _describe(x: Any) -> str:
+    lib = library_of(x)
+    if lib == "dask":
+        return f"a Dask array of {_chunk_library(x)} chunks"
+    return {"numpy": "a NumPy array", "cupy": "a CuPy array", "torch": "a PyTorch tensor"}.get(lib, lib)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What every block task of one call needs to know (pickled to the workers)."""
+
+    axis: int
+    backend: str
+    dtype: np.dtype
+
+
+def _context(named: dict[str, Any], out: Any, backend: str, cu_seqlens: Any) -> Context:
+    if out is not None:
+        raise TypeError(
+            "out= is not supported with Dask arrays: the result is a lazy Dask array; "
+            "write it somewhere with dask.array.store (or .to_zarr) instead"
+        )
+    if cu_seqlens is not None:
+        raise ValueError(
+            "cu_seqlens is not supported with Dask arrays; pad the packed sequences to rows with a mask, "
+            "or compute the packed 1-D array in memory"
+        )
+    libs: dict[str, str] = {}
+    for name, x in named.items():
+        if x is None or library_of(x) == SCALAR:
+            continue
+        lib = _chunk_library(x)
+        if lib not in ("numpy", "cupy"):
+            raise TypeError(
+                f"{name!r} is {_describe(x)}; with Dask arrays, the other arrays of the call must be Dask "
+                "arrays or arrays of the chunks' library (NumPy or CuPy)"
+            )
+        libs.setdefault(lib, name)
+    if len(libs) > 1:
+        parts = ", ".join(f"{n!r} is {_describe(named[n])}" for n in libs.values())
+        raise TypeError(
+            f"all arrays of one call must live in the same array library, but {parts}; "
+            "use one chunk type (e.g. x.map_blocks(cupy.asarray) or cupy.asarray(...))"
+        )
+    (lib,) = libs or {"numpy": ""}
+    return Context(lib, on_device=lib == "cupy")
+
+
+def _as_dask(x: Any, chunks: Any) -> Any:
+    if library_of(x) == "dask":
+        return x if x.chunks == chunks else x.rechunk(chunks)
+    return da.from_array(x, chunks=chunks, asarray=False) if library_of(x) == "cupy" else da.from_array(
+        np.asarray(x), chunks=chunks
+    )
+
+
+def _known(x: Any, name: str) -> None:
+    if any(np.isnan(c) for cs in x.chunks for c in cs):
+        raise ValueError(
+            f"{name!r} has unknown chunk sizes; call {name}.compute_chunk_sizes() first"
+        )
+
+
+def _data(named: dict[str, Any], order: list[str]) -> tuple[dict[str, Any], str]:
+    """Check the data/flag arrays and align them to the first Dask one's chunks."""
+    present = {k: named[k] for k in order if named[k] is not None}
+    for name, x in present.items():
+        if library_of(x) == SCALAR or not hasattr(x, "shape"):
+            if library_of(x) == SCALAR:
+                raise TypeError(f"{name!r} must be an array, got the scalar {x!r}")
+            present[name] = x = np.asarray(x)
+        v._check_numeric(x, name)
+    ref_name = order[0]
+    ref = present[ref_name]
+    for name, x in present.items():
+        if tuple(x.shape) != tuple(ref.shape) and not any(np.isnan(n) for n in x.shape):
+            raise ValueError(
+                f"{name!r} has shape {tuple(x.shape)} but {ref_name!r} has shape "
+                f"{tuple(ref.shape)}; they must match exactly"
+            )
+    chunk_src = next((k for k, x in present.items() if library_of(x) == "dask"), None)
+    if chunk_src is None:
+        chunks = da.asarray(ref).chunks  # only coefficients or boundaries are Dask
+    else:
+        _known(present[chunk_src], chunk_src)
+        chunks = present[chunk_src].chunks
+    out = {}
+    for name, x in present.items():
+        out[name] = _as_dask(x, chunks)
+        _known(out[name], name)
+    return out, ref_name
+
+
+def _coefficient(g: Any, name: str, ref: Any, dtype: np.dtype, unit_range: bool) -> Any:
+    """A scalar (checked, passed on as is) or a Dask array with the reference's shape and chunks."""
+    if g is None:
+        raise TypeError(f"{name!r} is required")
+    if library_of(g) == SCALAR or (isinstance(g, np.ndarray) and g.ndim == 0):
+        # Reuse the in-memory checks (type, [0, 1]); the blocks round it again.
+        return v.coefficient(np, g, name, tuple(ref.shape), v.layout_of(tuple(ref.shape), -1), dtype, unit_range)
+    if not hasattr(g, "shape"):
+        g = np.asarray(g)
+    v._check_numeric(g, name)
+    shape = tuple(ref.shape)
+    try:
+        full = np.broadcast_shapes(tuple(g.shape), shape)
+    except ValueError:
+        full = None
+    if full != shape:
+        raise ValueError(
+            f"{name!r} of shape {tuple(g.shape)} does not broadcast to the input shape "
+            f"{shape} (use a scalar, a per-row shape such as (B, 1), or the full shape)"
+        )
+    if unit_range and library_of(g) == "numpy" and g.size:
+        lo, hi = np.min(g), np.max(g)
+        if np.isnan(lo) or np.isnan(hi) or lo < 0 or hi > 1:
+            raise ValueError(f"every element of {name!r} must lie in [0, 1] (got min {lo}, max {hi})")
+    gd = g if library_of(g) == "dask" else _as_dask(g, tuple((n,) for n in g.shape))
+    gd = gd.reshape((1,) * (len(shape) - gd.ndim) + tuple(gd.shape)) if gd.ndim < len(shape) else gd
+    # Non-broadcast axes take the reference's chunks; broadcast ones are one chunk of 1.
+    src = tuple(ref.chunks[i] if gd.shape[i] == shape[i] else (1,) for i in range(len(shape)))
+    if gd.chunks != src:
+        gd = gd.rechunk(src)
+    return da.broadcast_to(gd, shape, chunks=ref.chunks)
+
+
+def _boundary(x: Any, name: str, ref: Any, axis: int) -> Any:
+    """A scalar / None (passed on as is) or a Dask array of the batch shape, chunked like the batch."""
+    if x is None:
+        return None
+    if library_of(x) == SCALAR or (isinstance(x, np.ndarray) and x.ndim == 0):
+        return v.boundary_value(np, x, name, (), 1, np.dtype(np.float64)) if not isinstance(
+            x, np.ndarray) else x
+    if not hasattr(x, "shape"):
+        x = np.asarray(x)
+    v._check_numeric(x, name)
+    batch = tuple(n for i, n in enumerate(ref.shape) if i != axis)
+    chunks = tuple(c for i, c in enumerate(ref.chunks) if i != axis)
+    if x.ndim == 0:
+        x = da.broadcast_to(x if library_of(x) == "dask" else da.from_array(x), batch)
+    if tuple(x.shape) != batch:
+        raise ValueError(
+            f"{name!r} has shape {tuple(x.shape)}; it must be a scalar or have the batch "
+            f"shape {batch} (the input shape without the time axis)"
+        )
+    return _as_dask(x, chunks)
+
+
+def _axis(ref: Any, axis: Any) -> int:
+    return v.layout_of(tuple(ref.shape), axis).axis
+
+
+# --------------------------------------------------------------------------- block tasks
+
+
+def _xp(x: Any) -> Any:
+    if library_of(x) == "cupy":
+        import cupy
+
+        return cupy
+    return np
+
+
+def _combine(dtype: np.dtype, summary: _carry.ScanSummary, carry: Any) -> Any:
+    decay, head = summary
+    xp = _xp(decay)
+    return _carry._combine(xp, decay, head, carry).astype(dtype, copy=False)
+
+
+def _gae_summary(c: _Call, r, val, nv, term, trunc, mask, g, lam, boot):
+    return _carry.gae_summary(r, val, gamma=g, lam=lam, next_values=nv, last_value=boot,
+                              terminated=term, truncated=trunc, mask=mask, axis=c.axis, backend=c.backend)
+
+
+def _gae_block(c: _Call, r, val, nv, term, trunc, mask, g, lam, boot, carry):
+    adv, ret = _api.gae(r, val, gamma=g, lam=lam, next_values=nv, last_value=boot, last_advantage=carry,
+                        terminated=term, truncated=trunc, mask=mask, axis=c.axis, backend=c.backend)
+    return adv.astype(c.dtype, copy=False), ret.astype(c.dtype, copy=False)
+
+
+def _bootstrap_summary(c: _Call, val, mask):
+    return _carry.bootstrap_summary(val, mask=mask, axis=c.axis)
+
+
+def _returns_summary(c: _Call, r, dones, mask, g):
+    return _carry.returns_summary(r, gamma=g, dones=dones, mask=mask, axis=c.axis, backend=c.backend)
+
+
+def _returns_block(c: _Call, r, dones, mask, g, carry):
+    out = _api.discounted_returns(r, gamma=g, dones=dones, mask=mask, last_value=carry, axis=c.axis,
+                                  backend=c.backend)
+    return out.astype(c.dtype, copy=False)
+
+
+def _scan_summary(c: _Call, reverse, a, b):
+    return _carry.scan_summary(a, b, reverse=reverse, axis=c.axis, backend=c.backend)
+
+
+def _scan_block(c: _Call, reverse, a, b, carry):
+    out = _api.linear_scan(a, b, reverse=reverse, initial=carry, axis=c.axis, backend=c.backend)
+    return out.astype(c.dtype, copy=False)
+
+
+# --------------------------------------------------------------------------- the graph
+
+
+class _Graph:
+    """The tasks of one call, keyed by block index ``idx`` (time index at ``axis``)."""
+
+    def __init__(self, ref: Any, axis: int, call: _Call, token: str):
+        self.ref, self.axis, self.call, self.token = ref, axis, call, token
+        self.numblocks = ref.numblocks
+        self.nt = ref.numblocks[axis]
+        self.layer: dict[Any, Any] = {}
+        self.deps: dict[str, Any] = {}  # by name: `in` on a list would compare arrays
+
+    def blocks(self) -> list[tuple[tuple, list[tuple]]]:
+        """``(batch index, [block index for j = 0 .. nt-1])`` for every row-block."""
+        ranges = [range(n) for i, n in enumerate(self.numblocks) if i != self.axis]
+        out = []
+        for b in itertools.product(*ranges):
+            out.append((b, [b[: self.axis] + (j,) + b[self.axis:] for j in range(self.nt)]))
+        return out
+
+    def ref_of(self, x: Any, idx: tuple, batch: bool = False) -> Any:
+        """The task argument for ``x`` at block ``idx``: a key, or ``x`` itself (scalars, None)."""
+        if x is None or library_of(x) != "dask":
+            return x
+        self.deps.setdefault(x.name, x)
+        if batch:
+            idx = idx[: self.axis] + idx[self.axis + 1:]
+        return (x.name, *idx)
+
+    def carried(self, tag: str, summary: Any, boundary: Any, reverse: bool) -> dict[tuple, Any]:
+        """Add a summary and a carry chain; return the carry argument of every block.
+
+        ``summary(idx)`` is the task computing block ``idx``'s ScanSummary.
+        """
+        sname, cname = f"{tag}-summary-{self.token}", f"{tag}-carry-{self.token}"
+        carry: dict[tuple, Any] = {}
+        for _, idxs in self.blocks():
+            seq = list(reversed(idxs)) if reverse else idxs
+            prev = None
+            for idx in seq:
+                if prev is None:
+                    carry[idx] = self.ref_of(boundary, idx, batch=True)
+                else:
+                    self.layer[(sname, *prev)] = summary(prev)
+                    self.layer[(cname, *idx)] = (partial(_combine, self.call.dtype), (sname, *prev), carry[prev])
+                    carry[idx] = (cname, *idx)
+                prev = idx
+        return carry
+
+    def output(self, final: str, item: int | None) -> Any:
+        name = f"{final}-{item}" if item is not None else f"{final}-out"
+        layer = {}
+        for _, idxs in self.blocks():
+            for idx in idxs:
+                layer[(name, *idx)] = (operator.getitem, (final, *idx), item) if item is not None else (
+                    final, *idx)
+        return name, layer
+
+    def arrays(self, final: str, count: int) -> list[Any]:
+        internal = f"gaescan-{self.token}"
+        hlg = HighLevelGraph.from_collections(internal, self.layer, dependencies=list(self.deps.values()))
+        layers, deps = dict(hlg.layers), {k: set(s) for k, s in hlg.dependencies.items()}
+        meta = da.utils.meta_from_array(self.ref, ndim=self.ref.ndim, dtype=self.call.dtype)
+        result = []
+        for item in range(count) if count > 1 else [None]:
+            name, layer = self.output(final, item)
+            layers[name] = layer
+            deps[name] = {internal}
+            g = HighLevelGraph(layers, deps)
+            result.append(da.Array(g, name, self.ref.chunks, meta=meta))
+        return result
+
+
+# --------------------------------------------------------------------------- public entry points
+
+
+def gae(rewards, values, *, gamma, lam, next_values, last_value, last_advantage, dones, terminated,
+        truncated, mask, cu_seqlens, axis, out, backend) -> Any:
+    named = dict(rewards=rewards, values=values, next_values=next_values, last_value=last_value,
+                 last_advantage=last_advantage, dones=dones, terminated=terminated, truncated=truncated,
+                 mask=mask, gamma=gamma, lam=lam)
+    ctx = _context(named, out, backend, cu_seqlens)
+    _dispatch.choose(backend, ctx)
+    if dones is not None and (terminated is not None or truncated is not None):
+        raise ValueError("pass either dones or terminated/truncated, not both (dones means terminated)")
+    if next_values is not None and last_value is not None:
+        raise ValueError(
+            "next_values and last_value are exclusive: next_values already holds the bootstrap "
+            "value of every step, including the last"
+        )
+    if truncated is not None and next_values is None:
+        raise ValueError(
+            "truncated needs next_values: bootstrapping a cut-off episode needs the value of its "
+            "final observation, which only the caller knows"
+        )
+    if rewards is None or values is None:
+        raise TypeError("rewards and values are required arrays")
+    term_name = "dones" if dones is not None else "terminated"
+    data_named = dict(rewards=rewards, values=values, next_values=next_values, mask=mask,
+                      truncated=truncated, **{term_name: dones if dones is not None else terminated})
+    arrs, _ = _data(data_named, ["rewards", "values", "next_values", term_name, "truncated", "mask"])
+    ref = arrs["rewards"]
+    ax = _axis(ref, axis)
+    dtype = v.result_dtype(arrs["rewards"], arrs["values"], arrs.get("next_values"), last_value,
+                           last_advantage, gamma, lam)
+    g = _coefficient(gamma, "gamma", ref, dtype, True)
+    lm = _coefficient(lam, "lam", ref, dtype, True)
+    lv = _boundary(last_value, "last_value", ref, ax)
+    la = _boundary(last_advantage, "last_advantage", ref, ax)
+    call = _Call(ax, backend, dtype)
+    token = tokenize("gae", arrs, gamma, lam, last_value, last_advantage, ax, backend,
+                     {k: getattr(x, "name", x) for k, x in (("g", g), ("l", lm), ("lv", lv), ("la", la))})
+    G = _Graph(ref, ax, call, token)
+    nv, term, trunc, m = (arrs.get(k) for k in ("next_values", term_name, "truncated", "mask"))
+
+    def inputs(idx):
+        return [G.ref_of(x, idx) for x in (arrs["rewards"], arrs["values"], nv, term, trunc, m, g, lm)]
+
+    if nv is None:
+        boot = G.carried(
+            "gae-bootstrap",
+            lambda idx: (partial(_bootstrap_summary, call), G.ref_of(arrs["values"], idx), G.ref_of(m, idx)),
+            lv, reverse=True,
+        )
+    else:
+        boot = dict.fromkeys((i for _, idxs in G.blocks() for i in idxs))
+    adv_carry = G.carried(
+        "gae-advantage",
+        lambda idx: (partial(_gae_summary, call), *inputs(idx), boot[idx]),
+        la, reverse=True,
+    )
+    final = f"gae-{token}"
+    for _, idxs in G.blocks():
+        for idx in idxs:
+            G.layer[(final, *idx)] = (partial(_gae_block, call), *inputs(idx), boot[idx], adv_carry[idx])
+    adv, ret = G.arrays(final, 2)
+    return _api.GAEResult(adv, ret)
+
+
+def discounted_returns(rewards, *, gamma, dones, last_value, mask, cu_seqlens, axis, out, backend) -> Any:
+    named = dict(rewards=rewards, dones=dones, last_value=last_value, mask=mask, gamma=gamma)
+    ctx = _context(named, out, backend, cu_seqlens)
+    _dispatch.choose(backend, ctx)
+    if rewards is None:
+        raise TypeError("rewards is a required array")
+    arrs, _ = _data(dict(rewards=rewards, dones=dones, mask=mask), ["rewards", "dones", "mask"])
+    ref = arrs["rewards"]
+    ax = _axis(ref, axis)
+    dtype = v.result_dtype(ref, last_value, gamma)
+    g = _coefficient(gamma, "gamma", ref, dtype, True)
+    lv = _boundary(last_value, "last_value", ref, ax)
+    call = _Call(ax, backend, dtype)
+    token = tokenize("returns", arrs, gamma, last_value, ax, backend,
+                     {k: getattr(x, "name", x) for k, x in (("g", g), ("lv", lv))})
+    G = _Graph(ref, ax, call, token)
+    d, m = arrs.get("dones"), arrs.get("mask")
+
+    def inputs(idx):
+        return [G.ref_of(x, idx) for x in (ref, d, m, g)]
+
+    carry = G.carried("returns", lambda idx: (partial(_returns_summary, call), *inputs(idx)), lv, reverse=True)
+    final = f"discounted-returns-{token}"
+    for _, idxs in G.blocks():
+        for idx in idxs:
+            G.layer[(final, *idx)] = (partial(_returns_block, call), *inputs(idx), carry[idx])
+    (res,) = G.arrays(final, 1)
+    return res
+
+
+def linear_scan(a, b, *, reverse, initial, axis, out, backend) -> Any:
+    if not isinstance(reverse, bool) and not (hasattr(reverse, "dtype") and reverse.dtype == bool):
+        raise TypeError(f"reverse must be a bool, got {reverse!r}")
+    reverse = bool(reverse)
+    named = dict(a=a, b=b, initial=initial)
+    ctx = _context(named, out, backend, None)
+    _dispatch.choose(backend, ctx)
+    if b is None:
+        raise TypeError("b is a required array")
+    arrs, _ = _data(dict(b=b), ["b"])
+    ref = arrs["b"]
+    ax = _axis(ref, axis)
+    dtype = v.result_dtype(a, ref, initial)
+    a_ = _coefficient(a, "a", ref, dtype, False)
+    init = _boundary(initial, "initial", ref, ax)
+    call = _Call(ax, backend, dtype)
+    token = tokenize("scan", arrs, a, initial, reverse, ax, backend,
+                     {k: getattr(x, "name", x) for k, x in (("a", a_), ("init", init))})
+    G = _Graph(ref, ax, call, token)
+
+    def inputs(idx):
+        return [G.ref_of(a_, idx), G.ref_of(ref, idx)]
+
+    carry = G.carried("scan", lambda idx: (partial(_scan_summary, call, reverse), *inputs(idx)), init,
+                      reverse=reverse)
+    final = f"linear-scan-{token}"
+    for _, idxs in G.blocks():
+        for idx in idxs:
+            G.layer[(final, *idx)] = (partial(_scan_block, call, reverse), *inputs(idx), carry[idx])
+    (res,) = G.arrays(final, 1)
+    return res
