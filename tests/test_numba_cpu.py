@@ -264,3 +264,27 @@ def test_lean_path_leaves_doubtful_calls_to_the_general_path(fast_calls):
     assert not fast_calls
     assert gaescan.gae(r, r, gamma=1, lam=0, dones=d.astype(bool)).advantages.dtype == np.float32
     assert len(fast_calls) == 1
+
+
+@pytest.mark.parametrize("serial_max", [0, 1 << 30], ids=["thread-pool", "calling-thread"])
+@pytest.mark.parametrize("R", [1, 2, 3, 5, 8])
+def test_row_pairs_keep_their_own_coefficients(monkeypatch, serial_max, R):
+    """Rows run in pairs: each row of a pair (and an odd last row) must use its
+    own γ, λ, last_value and last_advantage."""
+    from gaescan.backends import numba_cpu
+
+    monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", serial_max)
+    rng, r, v, d = _data(R, 301, seed=R, p=0.02)
+    gamma = rng.uniform(0.8, 1.0, (R, 1)).astype(np.float32)
+    lam = rng.uniform(0.5, 1.0, (R, 1)).astype(np.float32)
+    last = rng.standard_normal(R).astype(np.float32)
+    carry = rng.standard_normal(R).astype(np.float32)
+    for dones in (None, d):
+        adv, ret = gaescan.gae(r, v, gamma=gamma, lam=lam, dones=dones, last_value=last,
+                               last_advantage=carry, backend="numba")
+        A, Rt = _oracle(r, v, gamma, lam, term=dones, last=last, dtype=np.float32)
+        # the carry enters as A_T: add its discounted contribution to the oracle
+        decay = np.where(np.asarray(dones if dones is not None else np.zeros_like(d)), 0.0,
+                         gamma.astype(np.float64) * lam.astype(np.float64))
+        P = np.cumprod(decay[:, ::-1], axis=1)[:, ::-1] * carry[:, None]
+        assert _rel(adv, A + P) <= 2e-5 and _rel(ret, Rt + P) <= 2e-5

@@ -109,14 +109,11 @@ def gae_host_fast(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray | N
     T = shape[-1]
     R = rewards.size // T
     ft = dt.type
-    if dones is None:
-        term = np.ndarray((R, T), np.uint8, _ZERO8, 0, (0, 0))
-    else:
-        term = dones.reshape(R, T).view(np.uint8)
+    term = _NO_FLAGS if dones is None else dones.reshape(R, T).view(np.uint8)
     adv = np.empty(shape, dt)
     ret = np.empty(shape, dt)
     kernel = cpu.gae_rows_fused_1t if R * T <= SERIAL_MAX_STEPS else cpu.gae_rows_fused
-    kernel(rewards.reshape(R, T), values.reshape(R, T), term,
+    kernel(rewards.reshape(R, T), values.reshape(R, T), term, dones is not None,
            _const_col(float(ft(gamma)), R, dt), _const_col(float(ft(lam)), R, dt),
            _const_col(float(ft(last_value)), R, dt), _const_col(0.0, R, dt),
            adv.reshape(R, T), ret.reshape(R, T))
@@ -161,11 +158,8 @@ def _gae_fast(p: GAEProblem, rows: Rows, gcol: np.ndarray, lcol: np.ndarray) -> 
         cpu.gae_timemajor(r.T, v.T, _NO_FLAGS if term is None else term.T, term is not None,
                           gcol, lcol, bound, carry, adv.T, ret.T)
         return
-    if term is None:
-        # a zero-stride view of 0 (the ndarray constructor is cheaper than broadcast_to)
-        term = np.ndarray((rows.R, rows.T), np.uint8, _ZERO8, 0, (0, 0))
     kernel = cpu.gae_rows_fused_1t if rows.R * rows.T <= SERIAL_MAX_STEPS else cpu.gae_rows_fused
-    kernel(r, v, term, gcol, lcol, bound, carry, adv, ret)
+    kernel(r, v, _NO_FLAGS if term is None else term, term is not None, gcol, lcol, bound, carry, adv, ret)
 
 
 def discounted_returns(p: ReturnsProblem) -> None:
