@@ -7,8 +7,8 @@
 * A block whose first line starts with ``>>>`` is a doctest: its shown output
   is compared (``NORMALIZE_WHITESPACE``, ``ELLIPSIS``).  Other blocks are run
   with ``exec``; a block that shows output must check it itself (asserts).
-* Optional dependencies: a block that imports ``torch``, ``cupy``, ``dask``,
-  ``distributed`` or ``gymnasium`` is skipped when that import fails, and a
+* Optional dependencies: a block that imports one of :data:`OPTIONAL` (``torch``,
+  ``torchrl``, ``cupy``, ``dask``, ``gymnasium``, ...) is skipped when that import fails, and a
   comment ``<!-- requires: gpu, torch -->`` on the line(s) before a block adds
   requirements (``gpu``: a CUDA device usable by CuPy; ``torch-cuda``: PyTorch
   with CUDA).  A block needing a GPU never runs on a machine without one.
@@ -32,7 +32,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-OPTIONAL = {"torch", "cupy", "dask", "distributed", "gymnasium", "gpu", "torch-cuda"}
+OPTIONAL = {"torch", "torchrl", "tensordict", "cupy", "dask", "distributed", "gymnasium",
+            "stable_baselines3", "gpu", "torch-cuda"}
 
 # README's quickstart block uses arrays the reader already has; give it some.
 README_SETUP = """
@@ -213,13 +214,18 @@ def test_doc_block(block: Block) -> None:
     ns, nxt = _STATE.get(block.page, (None, 0))
     if ns is None or nxt > block.index:
         ns, nxt = _fresh_namespace(block.page), 0
-    # Run the page's earlier blocks first (when this block runs alone, or a skip intervened).
-    for earlier in _BY_PAGE[block.page][nxt:block.index]:
-        if not missing(earlier):
-            run_block(earlier, ns)
     _STATE[block.page] = (ns, block.index + 1)
     try:
+        # Run the page's earlier blocks first (when this block runs alone, or after a failure).
+        for earlier in _BY_PAGE[block.page][nxt:block.index]:
+            if not missing(earlier):
+                run_block(earlier, ns)
         run_block(block, ns)
+    except NameError as exc:
+        skipped = [b for b in _BY_PAGE[block.page][:block.index] if missing(b)]
+        if skipped:  # it builds on an earlier block that could not run here
+            pytest.skip(f"builds on {skipped[-1].id}, which needs {', '.join(missing(skipped[-1]))} ({exc})")
+        raise
     except BaseException:
         _STATE.pop(block.page, None)
         raise
