@@ -135,7 +135,8 @@ def _combine(xp: Any, decay: Any, head: Any, carry: Any) -> Any:
     """``head + decay · carry``, a select where ``decay == 0`` (no NaN crosses a done)."""
     if carry is None:
         carry = 0.0
-    return xp.where(decay == 0, head, head + decay * carry)
+    with np.errstate(invalid="ignore", over="ignore"):  # the unselected branch may be 0·inf
+        return xp.where(decay == 0, head, head + decay * carry)
 
 
 # ---------------------------------------------------------------- summaries
