@@ -288,3 +288,61 @@ def test_row_pairs_keep_their_own_coefficients(monkeypatch, serial_max, R):
                          gamma.astype(np.float64) * lam.astype(np.float64))
         P = np.cumprod(decay[:, ::-1], axis=1)[:, ::-1] * carry[:, None]
         assert _rel(adv, A + P) <= 2e-5 and _rel(ret, Rt + P) <= 2e-5
+
+
+# ----------------------------------------------- time-major general kernels
+
+
+@pytest.mark.parametrize("R", [2, 33, 130, 2100], ids=lambda r: f"B{r}")
+@pytest.mark.parametrize("feature", ["mask", "term+trunc+next", "per-step-coefs", "carry"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_time_major_general_gae(R, feature, dtype):
+    """Time-major (axis=0) calls beyond the fused path sweep blocks of batch
+    columns (gae_tm): every feature, across block widths."""
+    import oracle
+    from conftest import assert_close, assert_zero_where
+
+    rng = np.random.default_rng(R)
+    T = 37 if R > 1000 else 211
+    r = rng.standard_normal((T, R)).astype(dtype)
+    v = rng.standard_normal((T, R)).astype(dtype)
+    kw = dict(rewards=r, values=v, gamma=0.97, lam=0.9, axis=0,
+              dones=rng.random((T, R)) < 0.03, last_value=rng.standard_normal(R).astype(dtype))
+    if feature == "mask":
+        kw["mask"] = rng.random((T, R)) < 0.8
+    elif feature == "term+trunc+next":
+        del kw["dones"], kw["last_value"]
+        kw.update(terminated=rng.random((T, R)) < 0.03, truncated=rng.random((T, R)) < 0.03,
+                  next_values=rng.standard_normal((T, R)).astype(dtype))
+    elif feature == "per-step-coefs":
+        kw["gamma"] = rng.uniform(0.9, 1.0, (T, R)).astype(dtype)
+        kw["lam"] = rng.uniform(0.8, 1.0, (T, 1)).astype(dtype)
+    else:
+        kw["last_advantage"] = rng.standard_normal(R).astype(dtype)
+        kw["mask"] = rng.random((T, R)) < 0.9
+    adv, ret = gaescan.gae(backend="numba", **kw)
+    ref_adv, ref_ret = oracle.gae_ref(**kw)
+    assert_close(adv, ref_adv, dtype)
+    assert_close(ret, ref_ret, dtype)
+    if "mask" in kw:
+        assert_zero_where(adv, kw["mask"])
+
+
+@pytest.mark.parametrize("R", [2, 130, 2100], ids=lambda r: f"B{r}")
+def test_time_major_returns_and_scans(R):
+    import oracle
+    from conftest import assert_close
+
+    rng = np.random.default_rng(R)
+    T = 53
+    r = rng.standard_normal((T, R)).astype(np.float32)
+    d = rng.random((T, R)) < 0.05
+    m = rng.random((T, R)) < 0.8
+    lv = rng.standard_normal(R).astype(np.float32)
+    g = rng.uniform(0.9, 1.0, (T, R)).astype(np.float32)
+    got = gaescan.discounted_returns(r, gamma=g, dones=d, mask=m, last_value=lv, axis=0, backend="numba")
+    assert_close(got, oracle.returns_ref(r, gamma=g, dones=d, mask=m, last_value=lv, axis=0), np.float32)
+    a = np.where(rng.random((T, R)) < 0.1, 0.0, g).astype(np.float32)
+    for reverse in (False, True):
+        got = gaescan.linear_scan(a, r, reverse=reverse, initial=lv, axis=0, backend="numba")
+        assert_close(got, oracle.scan_ref(a, r, reverse=reverse, initial=lv, axis=0), np.float32)

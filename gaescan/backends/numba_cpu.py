@@ -7,8 +7,12 @@ Dispatch for :func:`gae`: the fused fast kernels take every call without
 ``next_values``/``truncated``/``mask``/``cu_seqlens`` whose γ and λ are scalars
 or per-row; time-major row views (time stride ≥ batch stride, all arrays
 C-contiguous once transposed) go to the kernel that vectorises across the
-batch, everything else to the fused batch-major kernel (any strides).  The
-rest goes to the general serial kernels.
+batch, everything else to the fused batch-major kernel (any strides; rows in
+pairs; below ``SERIAL_MAX_STEPS`` steps on the calling thread).  The rest goes
+to the general kernels: per sequence for batch-major and packed rows, sweeping
+blocks of batch columns for time-major views (``gae_tm``, ``returns_tm``,
+``scan_tm``).  The commonest call of all skips the general validation:
+:func:`gae_host_fast`.
 
 Copies (documented costs, all O(rows) except the last two): per-row
 coefficient columns and boundary values; data arrays not already of the
@@ -133,16 +137,20 @@ def gae(p: GAEProblem) -> None:
         if gcol is not None and lcol is not None:
             _gae_fast(p, rows, gcol, lcol)
             return
+    r = _data(p.rewards, rows)
     values = _data(p.values, rows)
-    cu, packed = _offsets(rows)
-    cpu.gae_rows(
-        _data(p.rewards, rows), values,
-        values if p.next_values is None else _data(p.next_values, rows),
+    args = [
+        r, values, values if p.next_values is None else _data(p.next_values, rows),
         _coeff(p.gamma, rows), _coeff(p.lam, rows),
         _flag(p.terminated, rows, False), _flag(p.truncated, rows, False), _flag(p.mask, rows, True),
-        p.next_values is not None, _bound(p.last_value, rows), _bound(p.last_advantage, rows), cu, packed,
-        rows.dtype.type(0), p.advantages, p.returns,
-    )
+    ]
+    nv, bound, carry = p.next_values is not None, _bound(p.last_value, rows), _bound(p.last_advantage, rows)
+    zero = rows.dtype.type(0)
+    if _sweep_time_major(rows, r):
+        cpu.gae_tm(*[a.T for a in args], nv, bound, carry, zero, p.advantages.T, p.returns.T)
+        return
+    cu, packed = _offsets(rows)
+    cpu.gae_rows(*args, nv, bound, carry, cu, packed, zero, p.advantages, p.returns)
 
 
 def _gae_fast(p: GAEProblem, rows: Rows, gcol: np.ndarray, lcol: np.ndarray) -> None:
@@ -164,17 +172,30 @@ def _gae_fast(p: GAEProblem, rows: Rows, gcol: np.ndarray, lcol: np.ndarray) -> 
 
 def discounted_returns(p: ReturnsProblem) -> None:
     rows = p.rows
+    r = _data(p.rewards, rows)
+    args = [r, _coeff(p.gamma, rows), _flag(p.dones, rows, False), _flag(p.mask, rows, True)]
+    bound, zero = _bound(p.last_value, rows), rows.dtype.type(0)
+    if _sweep_time_major(rows, r):
+        cpu.returns_tm(*[a.T for a in args], bound, zero, p.returns.T)
+        return
     cu, packed = _offsets(rows)
-    cpu.returns_rows(
-        _data(p.rewards, rows), _coeff(p.gamma, rows),
-        _flag(p.dones, rows, False), _flag(p.mask, rows, True),
-        _bound(p.last_value, rows), cu, packed, rows.dtype.type(0), p.returns,
-    )
+    cpu.returns_rows(*args, bound, cu, packed, zero, p.returns)
 
 
 def linear_scan(p: ScanProblem) -> None:
     rows = p.rows
-    cpu.scan_rows(_coeff(p.a, rows), _data(p.b, rows), p.reverse, _bound(p.initial, rows), p.out)
+    a, b = _coeff(p.a, rows), _data(p.b, rows)
+    if _sweep_time_major(rows, b):
+        cpu.scan_tm(a.T, b.T, p.reverse, _bound(p.initial, rows), p.out.T)
+        return
+    cpu.scan_rows(a, b, p.reverse, _bound(p.initial, rows), p.out)
+
+
+def _sweep_time_major(rows: Rows, x: np.ndarray) -> bool:
+    """Whether rows are columns of time-major memory (the time stride is the
+    larger one): then the kernels sweep the batch at each step."""
+    return (rows.cu_seqlens is None and rows.R > 1 and rows.T > 1
+            and abs(x.strides[1]) > abs(x.strides[0]))
 
 
 def warmup() -> None:

@@ -136,6 +136,120 @@ def scan_rows(a, b, reverse, initial, out):
                 out[r, t] = y
 
 
+# ------------------------------------------------------------ time-major, general
+#
+# The same problems on the transposes of time-major row views, ``(T, R)``
+# arrays whose batch axis is the contiguous one: the scan runs over ``t`` and
+# each step sweeps a block of batch columns, so memory is read in order and
+# the columns' chains are independent (the per-row kernels above would walk
+# every row with a stride of the batch size, touching a new cache line per
+# step).  Each block keeps its columns' carries in arrays of its width: O(R)
+# scratch in all.  Same operations per element as the per-row kernels.
+
+_WG = 512  # batch columns per block
+
+
+@njit(inline="always")
+def _blocks(R):
+    wb = _WG if R >= 4 * _WG else max(32, (R + 3) // 4)
+    return wb, (R + wb - 1) // wb
+
+
+@njit(
+    _sigs(lambda ft, data, flag, out: types.void(
+        data, data, data, data, data, flag, flag, flag,
+        types.boolean, _ro(ft, 1), _ro(ft, 1), ft, out, out)),
+    parallel=True, nogil=True, cache=True,
+)
+def gae_tm(rewards, values, next_values, gamma, lam, term, trunc, mask,
+           has_next, bound, carry, zero, adv, ret):
+    """:func:`gae_rows` on ``(T, R)`` transposed views (no packing)."""
+    T, R = rewards.shape
+    wb, nb = _blocks(R)
+    for bb in prange(nb):
+        c0 = np.int64(bb) * wb
+        w = min(c0 + wb, R) - c0
+        an = np.empty(w, adv.dtype)
+        vn = np.empty(w, adv.dtype)
+        for k in range(w):
+            an[k] = carry[c0 + k]
+            vn[k] = bound[c0 + k]
+        for j in range(T):
+            t = np.uint64(T - 1 - j)
+            for k in range(w):
+                c = np.uint64(c0 + k)
+                if mask[t, c]:
+                    vt = values[t, c]
+                    g = gamma[t, c]
+                    # Selects, as in gae_rows: nothing beyond an episode end leaks in.
+                    if term[t, c]:
+                        delta = rewards[t, c] - vt
+                    else:
+                        vp = next_values[t, c] if has_next else vn[k]
+                        delta = rewards[t, c] + g * vp - vt
+                    if term[t, c] or trunc[t, c]:
+                        a = delta
+                    else:
+                        a = delta + g * lam[t, c] * an[k]
+                    adv[t, c] = a
+                    ret[t, c] = a + vt
+                    an[k] = a
+                    vn[k] = vt
+                else:
+                    adv[t, c] = zero
+                    ret[t, c] = zero
+
+
+@njit(
+    _sigs(lambda ft, data, flag, out: types.void(data, data, flag, flag, _ro(ft, 1), ft, out)),
+    parallel=True, nogil=True, cache=True,
+)
+def returns_tm(rewards, gamma, dones, mask, bound, zero, out):
+    """:func:`returns_rows` on ``(T, R)`` transposed views (no packing)."""
+    T, R = rewards.shape
+    wb, nb = _blocks(R)
+    for bb in prange(nb):
+        c0 = np.int64(bb) * wb
+        w = min(c0 + wb, R) - c0
+        G = np.empty(w, out.dtype)
+        for k in range(w):
+            G[k] = bound[c0 + k]
+        for j in range(T):
+            t = np.uint64(T - 1 - j)
+            for k in range(w):
+                c = np.uint64(c0 + k)
+                if mask[t, c]:
+                    if dones[t, c]:
+                        G[k] = rewards[t, c]
+                    else:
+                        G[k] = rewards[t, c] + gamma[t, c] * G[k]
+                    out[t, c] = G[k]
+                else:
+                    out[t, c] = zero
+
+
+@njit(
+    _sigs(lambda ft, data, flag, out: types.void(data, data, types.boolean, _ro(ft, 1), out)),
+    parallel=True, nogil=True, cache=True,
+)
+def scan_tm(a, b, reverse, initial, out):
+    """:func:`scan_rows` on ``(T, R)`` transposed views."""
+    T, R = b.shape
+    wb, nb = _blocks(R)
+    for bb in prange(nb):
+        c0 = np.int64(bb) * wb
+        w = min(c0 + wb, R) - c0
+        y = np.empty(w, out.dtype)
+        for k in range(w):
+            y[k] = initial[c0 + k]
+        for j in range(T):
+            t = np.uint64(T - 1 - j) if reverse else np.uint64(j)
+            for k in range(w):
+                c = np.uint64(c0 + k)
+                y[k] = b[t, c] if a[t, c] == 0 else a[t, c] * y[k] + b[t, c]
+                out[t, c] = y[k]
+
+
 # --------------------------------------------------------------------------- fast paths
 #
 # Indices in the hot loops are uint64: Numba then emits no negative-index
