@@ -326,9 +326,8 @@ class _Graph:
         result = []
         for item in range(count) if count > 1 else [None]:
             name, layer = self.output(final, item)
-            layers[name] = layer
-            deps[name] = {internal}
-            g = HighLevelGraph(layers, deps)
+            # Fresh dicts per output: a HighLevelGraph keeps the mappings it is given.
+            g = HighLevelGraph({**layers, name: layer}, {**deps, name: {internal}})
             result.append(da.Array(g, name, self.ref.chunks, meta=meta))
         return result
 
