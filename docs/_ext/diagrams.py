@@ -130,7 +130,7 @@ def draw() -> str:
            size=15, anchor="start", weight="bold")
     kinds = ["prompt", "prompt", "resp", "resp", "tool", "resp", "resp", "pad"]
     valid = [False, False, True, True, False, True, True, False]
-    for i, (k, ok) in enumerate(zip(kinds, valid)):
+    for i, (k, ok) in enumerate(zip(kinds, valid, strict=True)):
         s.box(i, y2, k, masked=not ok, sub=None if ok else "out 0")
     s.adv_link(3, 2, y2)
     s.adv_link(5, 3, y2, curve=30)
