@@ -45,12 +45,54 @@ _CU = _ro(types.int64, 1)
 
 
 @njit(inline="always")
-def _segment(s, packed, cu, T):
-    # prange indices are unsigned: unify row, start and stop as int64.
-    i = np.int64(s)
-    if packed:
-        return np.int64(0), cu[i], cu[i + 1]
-    return i, np.int64(0), np.int64(T)
+def _gae_at(rewards, values, next_values, gamma, lam, term, trunc, mask, has_next,
+            i, j, a_next, v_next, zero, adv, ret):
+    """One general GAE step at ``[i, j]``; returns the carried ``(A, V)``."""
+    if not mask[i, j]:
+        adv[i, j] = zero
+        ret[i, j] = zero
+        return a_next, v_next
+    g = gamma[i, j]
+    vt = values[i, j]
+    # Selects, not multiplications by (1 - flag): a NaN beyond an episode end
+    # must not leak into it.
+    if term[i, j]:
+        delta = rewards[i, j] - vt
+    else:
+        vn = next_values[i, j] if has_next else v_next
+        delta = rewards[i, j] + g * vn - vt
+    if term[i, j] or trunc[i, j]:
+        a = delta
+    else:
+        a = delta + g * lam[i, j] * a_next
+    adv[i, j] = a
+    ret[i, j] = a + vt
+    return a, vt
+
+
+@njit(inline="always")
+def _ret_at(rewards, gamma, dones, mask, i, j, G, zero, out):
+    """One discounted-returns step at ``[i, j]``; returns the carried ``G``."""
+    if not mask[i, j]:
+        out[i, j] = zero
+        return G
+    if dones[i, j]:
+        G = rewards[i, j]
+    else:
+        G = rewards[i, j] + gamma[i, j] * G
+    out[i, j] = G
+    return G
+
+
+@njit(inline="always")
+def _scan_at(a, b, i, j, y, out):
+    y = b[i, j] if a[i, j] == 0 else a[i, j] * y + b[i, j]
+    out[i, j] = y
+    return y
+
+
+# Rows run in pairs (two independent chains in one loop hide each other's
+# latency, see _gae_pair below); a packed row runs segment by segment.
 
 
 @njit(
@@ -64,35 +106,36 @@ def gae_rows(rewards, values, next_values, gamma, lam, term, trunc, mask,
     """``A_t = δ_t + γλ(1−done_t) A_{τ(t)}``, ``R_t = A_t + V_t`` per sequence.
 
     ``V'_t`` is ``next_values[r, t]`` when ``has_next``, else the value at the
-    next unmasked position, else ``bound[s]`` (``last_value``).
+    next unmasked position, else ``bound[s]`` (``last_value``); ``A`` past the
+    end is ``carry[s]`` (``last_advantage``).
     """
     T = rewards.shape[1]
-    for s in prange(bound.shape[0]):
-        r, lo, hi = _segment(s, packed, cu, T)
-        a_next = carry[s]
-        v_next = bound[s]
-        for t in range(hi - 1, lo - 1, -1):
-            if not mask[r, t]:
-                adv[r, t] = zero
-                ret[r, t] = zero
-                continue
-            g = gamma[r, t]
-            vt = values[r, t]
-            # Selects, not multiplications by (1 - flag): a NaN beyond an
-            # episode end must not leak into it.
-            if term[r, t]:
-                delta = rewards[r, t] - vt
-            else:
-                vn = next_values[r, t] if has_next else v_next
-                delta = rewards[r, t] + g * vn - vt
-            if term[r, t] or trunc[r, t]:
-                a = delta
-            else:
-                a = delta + g * lam[r, t] * a_next
-            adv[r, t] = a
-            ret[r, t] = a + vt
-            a_next = a
-            v_next = vt
+    n = bound.shape[0]
+    units = n if packed else (n + 1) // 2
+    for u in prange(units):
+        # a packed row: segment u; otherwise rows i = 2u and k = 2u + 1
+        i = np.int64(u) if packed else 2 * np.int64(u)
+        k = i + 1
+        a0 = carry[i]
+        v0 = bound[i]
+        if packed:
+            for t in range(cu[k] - 1, cu[i] - 1, -1):
+                a0, v0 = _gae_at(rewards, values, next_values, gamma, lam, term, trunc, mask, has_next,
+                                 0, t, a0, v0, zero, adv, ret)
+        elif k < n:
+            a1 = carry[k]
+            v1 = bound[k]
+            for j in range(T):
+                t = np.uint64(T - 1 - j)
+                a0, v0 = _gae_at(rewards, values, next_values, gamma, lam, term, trunc, mask, has_next,
+                                 i, t, a0, v0, zero, adv, ret)
+                a1, v1 = _gae_at(rewards, values, next_values, gamma, lam, term, trunc, mask, has_next,
+                                 k, t, a1, v1, zero, adv, ret)
+        else:
+            for j in range(T):
+                t = np.uint64(T - 1 - j)
+                a0, v0 = _gae_at(rewards, values, next_values, gamma, lam, term, trunc, mask, has_next,
+                                 i, t, a0, v0, zero, adv, ret)
 
 
 @njit(
@@ -103,18 +146,25 @@ def gae_rows(rewards, values, next_values, gamma, lam, term, trunc, mask,
 def returns_rows(rewards, gamma, dones, mask, bound, cu, packed, zero, out):
     """``G_t = r_t + γ(1−done_t) G_{τ(t)}``, ``G`` past the end = ``bound[s]``."""
     T = rewards.shape[1]
-    for s in prange(bound.shape[0]):
-        r, lo, hi = _segment(s, packed, cu, T)
-        G = bound[s]
-        for t in range(hi - 1, lo - 1, -1):
-            if not mask[r, t]:
-                out[r, t] = zero
-                continue
-            if dones[r, t]:
-                G = rewards[r, t]
-            else:
-                G = rewards[r, t] + gamma[r, t] * G
-            out[r, t] = G
+    n = bound.shape[0]
+    units = n if packed else (n + 1) // 2
+    for u in prange(units):
+        i = np.int64(u) if packed else 2 * np.int64(u)
+        k = i + 1
+        G0 = bound[i]
+        if packed:
+            for t in range(cu[k] - 1, cu[i] - 1, -1):
+                G0 = _ret_at(rewards, gamma, dones, mask, 0, t, G0, zero, out)
+        elif k < n:
+            G1 = bound[k]
+            for j in range(T):
+                t = np.uint64(T - 1 - j)
+                G0 = _ret_at(rewards, gamma, dones, mask, i, t, G0, zero, out)
+                G1 = _ret_at(rewards, gamma, dones, mask, k, t, G1, zero, out)
+        else:
+            for j in range(T):
+                t = np.uint64(T - 1 - j)
+                G0 = _ret_at(rewards, gamma, dones, mask, i, t, G0, zero, out)
 
 
 @njit(
@@ -124,16 +174,20 @@ def returns_rows(rewards, gamma, dones, mask, bound, cu, packed, zero, out):
 def scan_rows(a, b, reverse, initial, out):
     """``y_t = a_t y_{t∓1} + b_t`` per row, starting from ``initial[r]``."""
     R, T = b.shape
-    for r in prange(R):
-        y = initial[r]
-        if reverse:
-            for t in range(T - 1, -1, -1):
-                y = b[r, t] if a[r, t] == 0 else a[r, t] * y + b[r, t]
-                out[r, t] = y
+    for u in prange((R + 1) // 2):
+        i = 2 * np.int64(u)
+        k = i + 1
+        y0 = initial[i]
+        if k < R:
+            y1 = initial[k]
+            for j in range(T):
+                t = np.uint64(T - 1 - j) if reverse else np.uint64(j)
+                y0 = _scan_at(a, b, i, t, y0, out)
+                y1 = _scan_at(a, b, k, t, y1, out)
         else:
-            for t in range(T):
-                y = b[r, t] if a[r, t] == 0 else a[r, t] * y + b[r, t]
-                out[r, t] = y
+            for j in range(T):
+                t = np.uint64(T - 1 - j) if reverse else np.uint64(j)
+                y0 = _scan_at(a, b, i, t, y0, out)
 
 
 # ------------------------------------------------------------ time-major, general
@@ -177,27 +231,8 @@ def gae_tm(rewards, values, next_values, gamma, lam, term, trunc, mask,
         for j in range(T):
             t = np.uint64(T - 1 - j)
             for k in range(w):
-                c = np.uint64(c0 + k)
-                if mask[t, c]:
-                    vt = values[t, c]
-                    g = gamma[t, c]
-                    # Selects, as in gae_rows: nothing beyond an episode end leaks in.
-                    if term[t, c]:
-                        delta = rewards[t, c] - vt
-                    else:
-                        vp = next_values[t, c] if has_next else vn[k]
-                        delta = rewards[t, c] + g * vp - vt
-                    if term[t, c] or trunc[t, c]:
-                        a = delta
-                    else:
-                        a = delta + g * lam[t, c] * an[k]
-                    adv[t, c] = a
-                    ret[t, c] = a + vt
-                    an[k] = a
-                    vn[k] = vt
-                else:
-                    adv[t, c] = zero
-                    ret[t, c] = zero
+                an[k], vn[k] = _gae_at(rewards, values, next_values, gamma, lam, term, trunc, mask,
+                                       has_next, t, np.uint64(c0 + k), an[k], vn[k], zero, adv, ret)
 
 
 @njit(
@@ -217,15 +252,7 @@ def returns_tm(rewards, gamma, dones, mask, bound, zero, out):
         for j in range(T):
             t = np.uint64(T - 1 - j)
             for k in range(w):
-                c = np.uint64(c0 + k)
-                if mask[t, c]:
-                    if dones[t, c]:
-                        G[k] = rewards[t, c]
-                    else:
-                        G[k] = rewards[t, c] + gamma[t, c] * G[k]
-                    out[t, c] = G[k]
-                else:
-                    out[t, c] = zero
+                G[k] = _ret_at(rewards, gamma, dones, mask, t, np.uint64(c0 + k), G[k], zero, out)
 
 
 @njit(
@@ -245,9 +272,7 @@ def scan_tm(a, b, reverse, initial, out):
         for j in range(T):
             t = np.uint64(T - 1 - j) if reverse else np.uint64(j)
             for k in range(w):
-                c = np.uint64(c0 + k)
-                y[k] = b[t, c] if a[t, c] == 0 else a[t, c] * y[k] + b[t, c]
-                out[t, c] = y[k]
+                y[k] = _scan_at(a, b, t, np.uint64(c0 + k), y[k], out)
 
 
 # --------------------------------------------------------------------------- fast paths
