@@ -22,6 +22,7 @@ import ast
 import doctest
 import importlib
 import importlib.util
+import os
 import re
 from dataclasses import dataclass, field
 from functools import cache
@@ -31,6 +32,13 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# The documentation does not depend on the backend selection: run it once, in the
+# CPU pass, not again in CI's pass under Numba's CUDA simulator.
+pytestmark = pytest.mark.skipif(
+    os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"),
+    reason="documentation checks run in the CPU pass (not under the CUDA simulator)",
+)
 
 OPTIONAL = {"torch", "torchrl", "tensordict", "cupy", "dask", "distributed", "gymnasium",
             "stable_baselines3", "gpu", "torch-cuda"}

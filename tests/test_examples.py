@@ -15,6 +15,13 @@ import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
+# The documentation does not depend on the backend selection: run it once, in the
+# CPU pass, not again in CI's pass under Numba's CUDA simulator.
+pytestmark = pytest.mark.skipif(
+    os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"),
+    reason="documentation checks run in the CPU pass (not under the CUDA simulator)",
+)
+
 
 def run_example(name: str, *args: str) -> str:
     env = dict(os.environ)
