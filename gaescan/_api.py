@@ -48,9 +48,10 @@ _HOST_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _numba_cpu: Any = None
 
 
-def _gae_host_fast(rewards: Any, values: Any, gamma: Any, lam: Any, dones: Any, last_value: Any) -> Any:
+def _gae_host_fast(rewards: Any, values: Any, gamma: Any, lam: Any, dones: Any, mask: Any,
+                   last_value: Any) -> Any:
     """The commonest call — C-contiguous NumPy float32/float64 arrays of one
-    dtype and shape, time last, 1-byte ``dones`` or none, Python-scalar γ, λ
+    dtype and shape, time last, 1-byte ``dones`` and ``mask`` or none, Python-scalar γ, λ
     and ``last_value`` — validated in a few comparisons and sent straight to
     the Numba kernels.  Returns ``None`` for anything else (or anything
     doubtful, such as a γ outside [0, 1]): the general path then handles the
@@ -70,13 +71,13 @@ def _gae_host_fast(rewards: Any, values: Any, gamma: Any, lam: Any, dones: Any, 
         last_value = 0.0
     elif type(last_value) is not float and type(last_value) is not int:
         return None
-    if dones is not None and (type(dones) is not np.ndarray or dones.shape != shape
-                              or dones.dtype.itemsize != 1 or dones.dtype.kind not in "biu"
-                              or not dones.flags.c_contiguous):
-        return None
+    for f in (dones, mask):
+        if f is not None and (type(f) is not np.ndarray or f.shape != shape or f.dtype.itemsize != 1
+                              or f.dtype.kind not in "biu" or not f.flags.c_contiguous):
+            return None
     if _numba_cpu is None:
         _numba_cpu = _dispatch.load("numba")
-    return GAEResult(*_numba_cpu.gae_host_fast(rewards, values, dones, gamma, lam, last_value))
+    return GAEResult(*_numba_cpu.gae_host_fast(rewards, values, dones, mask, gamma, lam, last_value))
 
 
 def gae(
@@ -168,9 +169,9 @@ def gae(
     array([[ 0.5, -0.5,  0.5]])
     """
     if (next_values is None and last_advantage is None and terminated is None and truncated is None
-            and mask is None and cu_seqlens is None and out is None and type(axis) is int and axis == -1
+            and cu_seqlens is None and out is None and type(axis) is int and axis == -1
             and (backend == "auto" or backend == "numba")):
-        fast = _gae_host_fast(rewards, values, gamma, lam, dones, last_value)
+        fast = _gae_host_fast(rewards, values, gamma, lam, dones, mask, last_value)
         if fast is not None:
             return fast
     if any_dask(rewards, values, next_values, last_value, last_advantage, dones, terminated,

@@ -232,16 +232,21 @@ def test_lean_path_equals_general_path(fast_calls, shape, dtype):
     r = rng.standard_normal(shape).astype(dtype)
     v = rng.standard_normal(shape).astype(dtype)
     d = rng.random(shape) < 0.05
-    for dones in (None, d, d.view(np.uint8)):
-        fast = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=dones, last_value=0.25)
+    m = rng.random(shape) < 0.8
+    for dones, mask in ((None, None), (d, None), (d.view(np.uint8), None), (None, m), (d, m.view(np.int8))):
+        if mask is not None:
+            r = r.copy()
+            r[~m] = np.nan  # never read
+        fast = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=dones, mask=mask, last_value=0.25)
         assert len(fast_calls) == 1
         fast_calls.clear()
         out = (np.empty(shape, dtype), np.empty(shape, dtype))
-        gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=dones, last_value=0.25, out=out)
+        gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=dones, mask=mask, last_value=0.25, out=out)
         assert not fast_calls
         assert fast.advantages.dtype == dtype and fast.advantages.shape == shape
         np.testing.assert_array_equal(fast.advantages, out[0])
         np.testing.assert_array_equal(fast.returns, out[1])
+        assert np.isfinite(fast.advantages).all()
 
 
 def test_lean_path_leaves_doubtful_calls_to_the_general_path(fast_calls):

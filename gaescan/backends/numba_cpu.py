@@ -4,8 +4,8 @@ Casting to the kernels' uniform argument kinds happens here (see
 :mod:`gaescan.kernels.cpu`); the kernels only loop.
 
 Dispatch for :func:`gae`: the fused fast kernels take every call without
-``next_values``/``truncated``/``mask``/``cu_seqlens`` whose γ and λ are scalars
-or per-row; time-major row views (time stride ≥ batch stride, all arrays
+``next_values``/``truncated``/``cu_seqlens`` whose γ and λ are scalars or
+per-row (and, with a ``mask``, batch-major); time-major row views (time stride ≥ batch stride, all arrays
 C-contiguous once transposed) go to the kernel that vectorises across the
 batch, everything else to the fused batch-major kernel (any strides; rows in
 pairs; below ``SERIAL_MAX_STEPS`` steps on the calling thread).  The rest goes
@@ -104,20 +104,22 @@ def _const_col(value: float, n: int, dtype: np.dtype) -> np.ndarray:
 
 
 def gae_host_fast(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray | None,
-                  gamma: float, lam: float, last_value: float) -> tuple[np.ndarray, np.ndarray]:
+                  mask: np.ndarray | None, gamma: float, lam: float,
+                  last_value: float) -> tuple[np.ndarray, np.ndarray]:
     """The commonest host call, already validated by the caller: C-contiguous
     float32/float64 ``rewards`` and ``values`` of one dtype, time on the last
-    axis, 1-byte ``dones`` or none, scalar γ, λ and ``last_value``."""
+    axis, 1-byte ``dones`` and ``mask`` or none, scalar γ, λ and ``last_value``."""
     dt = rewards.dtype
     shape = rewards.shape
     T = shape[-1]
     R = rewards.size // T
     ft = dt.type
     term = _NO_FLAGS if dones is None else dones.reshape(R, T).view(np.uint8)
+    valid = _NO_FLAGS if mask is None else mask.reshape(R, T).view(np.uint8)
     adv = np.empty(shape, dt)
     ret = np.empty(shape, dt)
     kernel = cpu.gae_rows_fused_1t if R * T <= SERIAL_MAX_STEPS else cpu.gae_rows_fused
-    kernel(rewards.reshape(R, T), values.reshape(R, T), term, dones is not None,
+    kernel(rewards.reshape(R, T), values.reshape(R, T), term, dones is not None, valid, mask is not None,
            _const_col(float(ft(gamma)), R, dt), _const_col(float(ft(lam)), R, dt),
            _const_col(float(ft(last_value)), R, dt), _const_col(0.0, R, dt),
            adv.reshape(R, T), ret.reshape(R, T))
@@ -130,8 +132,8 @@ def _time_major(*arrays: np.ndarray) -> bool:
 
 def gae(p: GAEProblem) -> None:
     rows = p.rows
-    if (p.next_values is None and p.truncated is None and p.mask is None
-            and rows.cu_seqlens is None):
+    if (p.next_values is None and p.truncated is None and rows.cu_seqlens is None
+            and (p.mask is None or not _sweep_time_major(rows, p.rewards))):
         gcol = _column(p.gamma, rows)
         lcol = _column(p.lam, rows) if gcol is not None else None
         if gcol is not None and lcol is not None:
@@ -157,17 +159,19 @@ def _gae_fast(p: GAEProblem, rows: Rows, gcol: np.ndarray, lcol: np.ndarray) -> 
     r = _data(p.rewards, rows)
     v = _data(p.values, rows)
     term = None if p.terminated is None else _flag8(p.terminated)
+    mask = None if p.mask is None else _flag8(p.mask)
     bound = _bound(p.last_value, rows)
     carry = _bound(p.last_advantage, rows)
     adv, ret = p.advantages, p.returns
-    tm = (rows.R > 1 and rows.T > 1 and r.strides[1] > r.strides[0]
+    tm = (mask is None and rows.R > 1 and rows.T > 1 and r.strides[1] > r.strides[0]
           and _time_major(r, v, adv, ret) and (term is None or _time_major(term)))
     if tm:
         cpu.gae_timemajor(r.T, v.T, _NO_FLAGS if term is None else term.T, term is not None,
                           gcol, lcol, bound, carry, adv.T, ret.T)
         return
     kernel = cpu.gae_rows_fused_1t if rows.R * rows.T <= SERIAL_MAX_STEPS else cpu.gae_rows_fused
-    kernel(r, v, _NO_FLAGS if term is None else term, term is not None, gcol, lcol, bound, carry, adv, ret)
+    kernel(r, v, _NO_FLAGS if term is None else term, term is not None,
+           _NO_FLAGS if mask is None else mask, mask is not None, gcol, lcol, bound, carry, adv, ret)
 
 
 def discounted_returns(p: ReturnsProblem) -> None:

@@ -301,13 +301,31 @@ def _gstep(rt, vt, vn, dt, g, gl, an):
     return y if dt else x
 
 
+@njit(inline="always", fastmath=_FM)
+def _mstep(rt, vt, term, valid, g, gl, an, vn, zero):
+    """A masked step: at a valid position the step of :func:`_gstep`; at a
+    masked one the carried (A, V) pass through and both outputs are 0.  All
+    selects: a NaN at a masked position is computed but never chosen."""
+    x = rt + g * vn - vt + gl * an
+    a = rt - vt if term else x
+    if valid:
+        return a, vt, a, a + vt
+    return an, vn, zero, zero
+
+
 @njit(fastmath=_FM, nogil=True, cache=True)
-def _gae_row(r, v, d, adv, ret, i, has_term, g, gl, vlast, alast):
+def _gae_row(r, v, d, m, adv, ret, i, has_term, has_mask, g, gl, vlast, alast):
     """Row ``i``, reverse in time, fused: δ on the fly, each output written once."""
     T = r.shape[1]
     an = alast
     vn = vlast
-    if has_term:
+    zero = adv.dtype.type(0)
+    if has_mask:
+        for j in range(T):
+            t = np.uint64(T - 1 - j)
+            an, vn, adv[i, t], ret[i, t] = _mstep(r[i, t], v[i, t], has_term and d[i, t] != 0,
+                                                  m[i, t] != 0, g, gl, an, vn, zero)
+    elif has_term:
         for j in range(T):
             t = np.uint64(T - 1 - j)
             vt = v[i, t]
@@ -326,7 +344,7 @@ def _gae_row(r, v, d, adv, ret, i, has_term, g, gl, vlast, alast):
 
 
 @njit(fastmath=_FM, nogil=True, cache=True)
-def _gae_pair(r, v, d, adv, ret, i, has_term, g0, gl0, g1, gl1, vl0, vl1, al0, al1):
+def _gae_pair(r, v, d, m, adv, ret, i, has_term, has_mask, g0, gl0, g1, gl1, vl0, vl1, al0, al1):
     """Rows ``i`` and ``i + 1`` in one loop: two independent chains hide each
     other's FMA-and-select latency, which bounds a lone chain (about 2.4 ns a
     step here, against 1.3 ns a step for the pair)."""
@@ -336,7 +354,15 @@ def _gae_pair(r, v, d, adv, ret, i, has_term, g0, gl0, g1, gl1, vl0, vl1, al0, a
     a1 = al1
     v0 = vl0
     v1 = vl1
-    if has_term:
+    zero = adv.dtype.type(0)
+    if has_mask:
+        for j in range(T):
+            t = np.uint64(T - 1 - j)
+            a0, v0, adv[i, t], ret[i, t] = _mstep(r[i, t], v[i, t], has_term and d[i, t] != 0,
+                                                  m[i, t] != 0, g0, gl0, a0, v0, zero)
+            a1, v1, adv[k, t], ret[k, t] = _mstep(r[k, t], v[k, t], has_term and d[k, t] != 0,
+                                                  m[k, t] != 0, g1, gl1, a1, v1, zero)
+    elif has_term:
         for j in range(T):
             t = np.uint64(T - 1 - j)
             x0 = v[i, t]
@@ -365,30 +391,32 @@ def _gae_pair(r, v, d, adv, ret, i, has_term, g0, gl0, g1, gl1, vl0, vl1, al0, a
 
 
 @njit(fastmath=_FM, nogil=True, cache=True)
-def _gae_unit(u, rewards, values, term, has_term, gcol, lcol, bound, carry, adv, ret):
+def _gae_unit(u, rewards, values, term, has_term, mask, has_mask, gcol, lcol, bound, carry, adv, ret):
     # Work unit u: rows 2u and 2u + 1, or the last row alone when R is odd.
     i = 2 * np.int64(u)
     g = gcol[i]
     if i + 1 < rewards.shape[0]:
         h = gcol[i + 1]
-        _gae_pair(rewards, values, term, adv, ret, i, has_term, g, g * lcol[i], h, h * lcol[i + 1],
-                  bound[i], bound[i + 1], carry[i], carry[i + 1])
+        _gae_pair(rewards, values, term, mask, adv, ret, i, has_term, has_mask, g, g * lcol[i],
+                  h, h * lcol[i + 1], bound[i], bound[i + 1], carry[i], carry[i + 1])
     else:
-        _gae_row(rewards, values, term, adv, ret, i, has_term, g, g * lcol[i], bound[i], carry[i])
+        _gae_row(rewards, values, term, mask, adv, ret, i, has_term, has_mask, g, g * lcol[i],
+                 bound[i], carry[i])
 
 
 _FUSED_SIGS = [
-    types.void(_ro(ft, 2), _ro(ft, 2), _U8A, types.boolean, _ro(ft, 1), _ro(ft, 1), _ro(ft, 1),
-               _ro(ft, 1), types.Array(ft, 2, "A"), types.Array(ft, 2, "A"))
+    types.void(_ro(ft, 2), _ro(ft, 2), _U8A, types.boolean, _U8A, types.boolean, _ro(ft, 1), _ro(ft, 1),
+               _ro(ft, 1), _ro(ft, 1), types.Array(ft, 2, "A"), types.Array(ft, 2, "A"))
     for ft in _FLOATS
 ]
 
 
 @njit(_FUSED_SIGS, parallel=True, nogil=True, cache=True, fastmath=_FM)
-def gae_rows_fused(rewards, values, term, has_term, gcol, lcol, bound, carry, adv, ret):
-    """Batch-major fused GAE (per-row γ/λ, terminations; no mask/next_values),
-    any strides, rows in pairs (see :func:`_gae_pair`).  ``term`` is a uint8
-    view (nonzero = terminated), read only when ``has_term``.
+def gae_rows_fused(rewards, values, term, has_term, mask, has_mask, gcol, lcol, bound, carry, adv, ret):
+    """Batch-major fused GAE (per-row γ/λ, terminations, masks; no
+    next_values/truncation), any strides, rows in pairs (see
+    :func:`_gae_pair`).  ``term`` and ``mask`` are uint8 views (nonzero =
+    true), read only when ``has_term`` / ``has_mask``.
 
     A chunked in-row variant (4 independent chains per cache-resident tile,
     carries combined between a carry pass and a rescan or a vectorised
@@ -397,15 +425,15 @@ def gae_rows_fused(rewards, values, term, has_term, gcol, lcol, bound, carry, ad
     pairing rows hides the latency with no extra pass.
     """
     for u in prange((rewards.shape[0] + 1) // 2):
-        _gae_unit(u, rewards, values, term, has_term, gcol, lcol, bound, carry, adv, ret)
+        _gae_unit(u, rewards, values, term, has_term, mask, has_mask, gcol, lcol, bound, carry, adv, ret)
 
 
 @njit(_FUSED_SIGS, nogil=True, cache=True, fastmath=_FM)
-def gae_rows_fused_1t(rewards, values, term, has_term, gcol, lcol, bound, carry, adv, ret):
+def gae_rows_fused_1t(rewards, values, term, has_term, mask, has_mask, gcol, lcol, bound, carry, adv, ret):
     """:func:`gae_rows_fused` on the calling thread: for small problems, where
     waking the thread pool costs more than the work (same code, same bits)."""
     for u in range((rewards.shape[0] + 1) // 2):
-        _gae_unit(u, rewards, values, term, has_term, gcol, lcol, bound, carry, adv, ret)
+        _gae_unit(u, rewards, values, term, has_term, mask, has_mask, gcol, lcol, bound, carry, adv, ret)
 
 
 @njit(
