@@ -291,3 +291,16 @@ def test_semantics_diagram_is_current() -> None:
     assert (ROOT / "docs" / "img" / "semantics.svg").read_text(encoding="utf-8") == draw(), (
         "run: python docs/_ext/diagrams.py"
     )
+
+
+def test_griffe_extension_rewrites_sphinx_markup() -> None:
+    """The docs build's docstring rewriting (``docs/_ext/griffe_math.py``)."""
+    pytest.importorskip("griffe")
+    import runpy
+
+    ext = runpy.run_path(str(ROOT / "docs" / "_ext" / "griffe_math.py"))
+    doc = "Text.\n\n.. math::\n\n    a &= b \\\\\n    c &= d\n\nMore, see :func:`~gaescan.gae`.\n"
+    out = ext["convert_roles"](ext["convert"](doc), {"gae"})
+    assert "$$\n\\begin{aligned}\na &= b \\\\\nc &= d\n\\end{aligned}\n$$" in out
+    assert "[`gae`][gaescan.gae]" in out and ".. math::" not in out
+    assert ext["convert_roles"](":func:`gaescan._config.override`", {"gae"}) == "`gaescan._config.override`"
