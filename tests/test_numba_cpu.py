@@ -293,6 +293,18 @@ def test_row_pairs_keep_their_own_coefficients(monkeypatch, serial_max, R):
                          gamma.astype(np.float64) * lam.astype(np.float64))
         P = np.cumprod(decay[:, ::-1], axis=1)[:, ::-1] * carry[:, None]
         assert _rel(adv, A + P) <= 2e-5 and _rel(ret, Rt + P) <= 2e-5
+    # the next_values and mask loops, against the reference oracle
+    import oracle
+
+    nv = rng.standard_normal(r.shape).astype(np.float32)
+    tr = rng.random(r.shape) < 0.02
+    for kw in (dict(next_values=nv), dict(next_values=nv, terminated=d), dict(next_values=nv, truncated=tr),
+               dict(next_values=nv, terminated=d, truncated=tr), dict(mask=rng.random(r.shape) < 0.7, dones=d),
+               dict(mask=rng.random(r.shape) < 0.7, last_value=last)):
+        kw.update(rewards=r, values=v, gamma=gamma, lam=lam, last_advantage=carry)
+        adv, ret = gaescan.gae(backend="numba", **kw)
+        ref_adv, ref_ret = oracle.gae_ref(**kw)
+        assert _rel(adv, ref_adv) <= 2e-5 and _rel(ret, ref_ret) <= 2e-5
 
 
 # ----------------------------------------------- time-major general kernels

@@ -3,9 +3,10 @@
 Casting to the kernels' uniform argument kinds happens here (see
 :mod:`gaescan.kernels.cpu`); the kernels only loop.
 
-Dispatch for :func:`gae`: the fused fast kernels take every call without
-``next_values``/``truncated``/``cu_seqlens`` whose γ and λ are scalars or
-per-row (and, with a ``mask``, batch-major); time-major row views (time stride ≥ batch stride, all arrays
+Dispatch for :func:`gae`: the fused fast kernels take every unpacked call
+whose γ and λ are scalars or per-row, batch-major with terminations, masks,
+or ``next_values`` with terminations/truncations (not masks and
+``next_values`` together), time-major with terminations only; time-major row views (time stride ≥ batch stride, all arrays
 C-contiguous once transposed) go to the kernel that vectorises across the
 batch, everything else to the fused batch-major kernel (any strides; rows in
 pairs; below ``SERIAL_MAX_STEPS`` steps on the calling thread).  The rest goes
@@ -119,7 +120,8 @@ def gae_host_fast(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray | N
     adv = np.empty(shape, dt)
     ret = np.empty(shape, dt)
     kernel = cpu.gae_rows_fused_1t if R * T <= SERIAL_MAX_STEPS else cpu.gae_rows_fused
-    kernel(rewards.reshape(R, T), values.reshape(R, T), term, dones is not None, valid, mask is not None,
+    v2 = values.reshape(R, T)
+    kernel(rewards.reshape(R, T), v2, v2, False, term, dones is not None, _NO_FLAGS, valid, mask is not None,
            _const_col(float(ft(gamma)), R, dt), _const_col(float(ft(lam)), R, dt),
            _const_col(float(ft(last_value)), R, dt), _const_col(0.0, R, dt),
            adv.reshape(R, T), ret.reshape(R, T))
@@ -132,8 +134,9 @@ def _time_major(*arrays: np.ndarray) -> bool:
 
 def gae(p: GAEProblem) -> None:
     rows = p.rows
-    if (p.next_values is None and p.truncated is None and rows.cu_seqlens is None
-            and (p.mask is None or not _sweep_time_major(rows, p.rewards))):
+    plain = p.next_values is None and p.truncated is None and p.mask is None
+    if (rows.cu_seqlens is None and (p.next_values is None or p.mask is None)
+            and (plain or not _sweep_time_major(rows, p.rewards))):
         gcol = _column(p.gamma, rows)
         lcol = _column(p.lam, rows) if gcol is not None else None
         if gcol is not None and lcol is not None:
@@ -163,14 +166,19 @@ def _gae_fast(p: GAEProblem, rows: Rows, gcol: np.ndarray, lcol: np.ndarray) -> 
     bound = _bound(p.last_value, rows)
     carry = _bound(p.last_advantage, rows)
     adv, ret = p.advantages, p.returns
-    tm = (mask is None and rows.R > 1 and rows.T > 1 and r.strides[1] > r.strides[0]
+    tm = (mask is None and p.next_values is None and rows.R > 1 and rows.T > 1 and r.strides[1] > r.strides[0]
           and _time_major(r, v, adv, ret) and (term is None or _time_major(term)))
     if tm:
         cpu.gae_timemajor(r.T, v.T, _NO_FLAGS if term is None else term.T, term is not None,
                           gcol, lcol, bound, carry, adv.T, ret.T)
         return
     kernel = cpu.gae_rows_fused_1t if rows.R * rows.T <= SERIAL_MAX_STEPS else cpu.gae_rows_fused
-    kernel(r, v, _NO_FLAGS if term is None else term, term is not None,
+    if p.next_values is not None:
+        # the next_values loop reads both flags: absent ones as zero-stride views of 0
+        kernel(r, v, _data(p.next_values, rows), True, _flag(p.terminated, rows, False), term is not None,
+               _flag(p.truncated, rows, False), _NO_FLAGS, False, gcol, lcol, bound, carry, adv, ret)
+        return
+    kernel(r, v, v, False, _NO_FLAGS if term is None else term, term is not None, _NO_FLAGS,
            _NO_FLAGS if mask is None else mask, mask is not None, gcol, lcol, bound, carry, adv, ret)
 
 

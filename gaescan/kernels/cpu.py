@@ -313,14 +313,32 @@ def _mstep(rt, vt, term, valid, g, gl, an, vn, zero):
     return an, vn, zero, zero
 
 
+@njit(inline="always", fastmath=_FM)
+def _nstep(rt, vt, nvt, term, done, g, gl, an):
+    """A step with ``V' = next_values[t]`` and truncation: the bootstrap is
+    cut on ``term``, the sum on ``done = term or trunc`` (both selects)."""
+    x = rt + g * nvt - vt
+    y = rt - vt
+    delta = y if term else x
+    return delta if done else delta + gl * an
+
+
 @njit(fastmath=_FM, nogil=True, cache=True)
-def _gae_row(r, v, d, m, adv, ret, i, has_term, has_mask, g, gl, vlast, alast):
+def _gae_row(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask, g, gl, vlast, alast):
     """Row ``i``, reverse in time, fused: δ on the fly, each output written once."""
     T = r.shape[1]
     an = alast
     vn = vlast
     zero = adv.dtype.type(0)
-    if has_mask:
+    if has_next:
+        for j in range(T):
+            t = np.uint64(T - 1 - j)
+            vt = v[i, t]
+            dt = d[i, t] != 0
+            an = _nstep(r[i, t], vt, nv[i, t], dt, dt or tr[i, t] != 0, g, gl, an)
+            adv[i, t] = an
+            ret[i, t] = an + vt
+    elif has_mask:
         for j in range(T):
             t = np.uint64(T - 1 - j)
             an, vn, adv[i, t], ret[i, t] = _mstep(r[i, t], v[i, t], has_term and d[i, t] != 0,
@@ -344,7 +362,8 @@ def _gae_row(r, v, d, m, adv, ret, i, has_term, has_mask, g, gl, vlast, alast):
 
 
 @njit(fastmath=_FM, nogil=True, cache=True)
-def _gae_pair(r, v, d, m, adv, ret, i, has_term, has_mask, g0, gl0, g1, gl1, vl0, vl1, al0, al1):
+def _gae_pair(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask,
+              g0, gl0, g1, gl1, vl0, vl1, al0, al1):
     """Rows ``i`` and ``i + 1`` in one loop: two independent chains hide each
     other's FMA-and-select latency, which bounds a lone chain (about 2.4 ns a
     step here, against 1.3 ns a step for the pair)."""
@@ -355,7 +374,20 @@ def _gae_pair(r, v, d, m, adv, ret, i, has_term, has_mask, g0, gl0, g1, gl1, vl0
     v0 = vl0
     v1 = vl1
     zero = adv.dtype.type(0)
-    if has_mask:
+    if has_next:
+        for j in range(T):
+            t = np.uint64(T - 1 - j)
+            x0 = v[i, t]
+            x1 = v[k, t]
+            d0 = d[i, t] != 0
+            d1 = d[k, t] != 0
+            a0 = _nstep(r[i, t], x0, nv[i, t], d0, d0 or tr[i, t] != 0, g0, gl0, a0)
+            a1 = _nstep(r[k, t], x1, nv[k, t], d1, d1 or tr[k, t] != 0, g1, gl1, a1)
+            adv[i, t] = a0
+            ret[i, t] = a0 + x0
+            adv[k, t] = a1
+            ret[k, t] = a1 + x1
+    elif has_mask:
         for j in range(T):
             t = np.uint64(T - 1 - j)
             a0, v0, adv[i, t], ret[i, t] = _mstep(r[i, t], v[i, t], has_term and d[i, t] != 0,
@@ -391,32 +423,38 @@ def _gae_pair(r, v, d, m, adv, ret, i, has_term, has_mask, g0, gl0, g1, gl1, vl0
 
 
 @njit(fastmath=_FM, nogil=True, cache=True)
-def _gae_unit(u, rewards, values, term, has_term, mask, has_mask, gcol, lcol, bound, carry, adv, ret):
+def _gae_unit(u, rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
+              gcol, lcol, bound, carry, adv, ret):
     # Work unit u: rows 2u and 2u + 1, or the last row alone when R is odd.
     i = 2 * np.int64(u)
     g = gcol[i]
     if i + 1 < rewards.shape[0]:
         h = gcol[i + 1]
-        _gae_pair(rewards, values, term, mask, adv, ret, i, has_term, has_mask, g, g * lcol[i],
-                  h, h * lcol[i + 1], bound[i], bound[i + 1], carry[i], carry[i + 1])
+        _gae_pair(rewards, values, next_values, term, trunc, mask, adv, ret, i, has_next, has_term, has_mask,
+                  g, g * lcol[i], h, h * lcol[i + 1], bound[i], bound[i + 1], carry[i], carry[i + 1])
     else:
-        _gae_row(rewards, values, term, mask, adv, ret, i, has_term, has_mask, g, g * lcol[i],
-                 bound[i], carry[i])
+        _gae_row(rewards, values, next_values, term, trunc, mask, adv, ret, i, has_next, has_term, has_mask,
+                 g, g * lcol[i], bound[i], carry[i])
 
 
+_B = types.boolean
 _FUSED_SIGS = [
-    types.void(_ro(ft, 2), _ro(ft, 2), _U8A, types.boolean, _U8A, types.boolean, _ro(ft, 1), _ro(ft, 1),
-               _ro(ft, 1), _ro(ft, 1), types.Array(ft, 2, "A"), types.Array(ft, 2, "A"))
+    types.void(_ro(ft, 2), _ro(ft, 2), _ro(ft, 2), _B, _U8A, _B, _U8A, _U8A, _B,
+               _ro(ft, 1), _ro(ft, 1), _ro(ft, 1), _ro(ft, 1), types.Array(ft, 2, "A"), types.Array(ft, 2, "A"))
     for ft in _FLOATS
 ]
 
 
 @njit(_FUSED_SIGS, parallel=True, nogil=True, cache=True, fastmath=_FM)
-def gae_rows_fused(rewards, values, term, has_term, mask, has_mask, gcol, lcol, bound, carry, adv, ret):
-    """Batch-major fused GAE (per-row γ/λ, terminations, masks; no
-    next_values/truncation), any strides, rows in pairs (see
-    :func:`_gae_pair`).  ``term`` and ``mask`` are uint8 views (nonzero =
-    true), read only when ``has_term`` / ``has_mask``.
+def gae_rows_fused(rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
+                   gcol, lcol, bound, carry, adv, ret):
+    """Batch-major fused GAE, scalar or per-row γ/λ, any strides, rows in
+    pairs (see :func:`_gae_pair`), one loop per case: terminations; masks
+    (with or without terminations); ``next_values`` with terminations and
+    truncations (``term`` and ``trunc`` then both read, zero-stride views of 0
+    when absent).  Flags are uint8 views (nonzero = true); ``term`` is read
+    only when ``has_term`` or ``has_next``, ``mask`` only when ``has_mask``.
+    (Masks together with ``next_values`` take the general kernel.)
 
     A chunked in-row variant (4 independent chains per cache-resident tile,
     carries combined between a carry pass and a rescan or a vectorised
@@ -425,15 +463,18 @@ def gae_rows_fused(rewards, values, term, has_term, mask, has_mask, gcol, lcol, 
     pairing rows hides the latency with no extra pass.
     """
     for u in prange((rewards.shape[0] + 1) // 2):
-        _gae_unit(u, rewards, values, term, has_term, mask, has_mask, gcol, lcol, bound, carry, adv, ret)
+        _gae_unit(u, rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
+                  gcol, lcol, bound, carry, adv, ret)
 
 
 @njit(_FUSED_SIGS, nogil=True, cache=True, fastmath=_FM)
-def gae_rows_fused_1t(rewards, values, term, has_term, mask, has_mask, gcol, lcol, bound, carry, adv, ret):
+def gae_rows_fused_1t(rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
+                      gcol, lcol, bound, carry, adv, ret):
     """:func:`gae_rows_fused` on the calling thread: for small problems, where
     waking the thread pool costs more than the work (same code, same bits)."""
     for u in range((rewards.shape[0] + 1) // 2):
-        _gae_unit(u, rewards, values, term, has_term, mask, has_mask, gcol, lcol, bound, carry, adv, ret)
+        _gae_unit(u, rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
+                  gcol, lcol, bound, carry, adv, ret)
 
 
 @njit(
