@@ -102,10 +102,65 @@ def _time_major(Tm, Bm, rep, rng, row):
     row(f"2. gae dones time-major T={Tm} B={Bm}", t2, 17 * Nm, bw2, "target >= 0.70x triad")
 
 
+def _features(B, T, rep, rng, row):
+    """Every other fused or general kernel, against the triad over the same count."""
+    N = B * T
+    bw = 12 * N / _triad_time(N, rep) / 1e9
+    row(f"STREAM triad, B*T = {B}*{T}", 12 * N / bw / 1e9, 12 * N, bw)
+    r = rng.standard_normal((B, T), dtype=np.float32)
+    v = rng.standard_normal((B, T), dtype=np.float32)
+    nv = rng.standard_normal((B, T), dtype=np.float32)
+    d = rng.random((B, T)) < 1e-3
+    tr = rng.random((B, T)) < 1e-3
+    # RLHF-style response mask: a prompt prefix, then the response
+    m = np.ones((B, T), dtype=bool)
+    m[:, : T // 8] = False
+    g = rng.uniform(0.9, 1.0, (B, T)).astype(np.float32)
+    o1, o2 = np.empty_like(r), np.empty_like(r)
+    cases = [
+        ("gae mask (prompt prefix), gamma=1", lambda: gaescan.gae(r, v, gamma=1.0, lam=0.95, mask=m, out=(o1, o2)), 17),
+        ("gae next_values+terminated+truncated",
+         lambda: gaescan.gae(r, v, gamma=0.99, lam=0.95, next_values=nv, terminated=d, truncated=tr, out=(o1, o2)), 22),
+        ("gae per-step gamma (general kernel)", lambda: gaescan.gae(r, v, gamma=g, lam=0.95, dones=d, out=(o1, o2)), 21),
+        ("discounted_returns dones", lambda: gaescan.discounted_returns(r, gamma=0.99, dones=d, out=o1), 9),
+        ("linear_scan per-step a", lambda: gaescan.linear_scan(g, r, out=o1), 12),
+    ]
+    rT, vT, nvT, dT, trT = (np.ascontiguousarray(x.reshape(T, B)) for x in (r, v, nv, d, tr))
+    cases.append(("time-major next_values+term+trunc (gae_tm)",
+                  lambda: gaescan.gae(rT, vT, gamma=0.99, lam=0.95, next_values=nvT, terminated=dT, truncated=trT,
+                                      axis=0, out=(o1.reshape(T, B), o2.reshape(T, B))), 22))
+    for name, f, per in cases:
+        row(f"   {name}", _median(f, rep), per * N, bw)
+
+
+def _compile_times():
+    """Cold compile (empty cache), warm cache, and a fresh process's first call."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    load = "import time; t=time.perf_counter(); from gaescan.backends import numba_cpu; numba_cpu.warmup(); "
+    first = ("import time; t=time.perf_counter(); import numpy as np, gaescan; "
+             "x=np.zeros((8, 1024), np.float32); gaescan.gae(x, x, gamma=0.99, lam=0.95); ")
+    out = []
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+        for label, code in (("cold compile of every CPU kernel (empty cache)", load),
+                            ("same, warm on-disk cache", load),
+                            ("fresh process: import + first gae call (warm cache)", first)):
+            res = subprocess.run([sys.executable, "-c", code + "print(time.perf_counter()-t)"],
+                                 env=env, capture_output=True, text=True, check=True)
+            out.append((label, float(res.stdout.strip().splitlines()[-1])))
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--quick", action="store_true", help="smaller shapes (smoke test)")
+    ap.add_argument("--features", action="store_true", help="also time masks, next_values, returns, scans")
+    ap.add_argument("--compile", action="store_true", help="also time cold / warm-cache compilation")
     args = ap.parse_args(argv)
     rep = args.repeat
     B, T = (16, 16384) if args.quick else (256, 131072)
@@ -128,11 +183,16 @@ def main(argv=None):
     t4 = _median(lambda: gaescan.gae(rs, vs, gamma=0.99, lam=0.95), max(rep, 201))
     row("4. small call B=8 T=1024", t4, None, None, "target <= 40 us")
 
+    if args.features:
+        _features(*((16, 16384) if args.quick else (256, 32768)), rep, rng, row)
     print(f"{'case':44s} {'median':>11s} {'GB/s':>7s} {'x triad':>8s}  note")
     for name, sec, eff, ratio, extra in rows:
         s = f"{sec * 1e3:9.3f}ms" if sec >= 1e-3 else f"{sec * 1e6:9.1f}us"
         print(f"{name:44s} {s:>11s} {'' if eff is None else f'{eff:7.1f}':>7s} "
               f"{'' if ratio is None else f'{ratio:8.2f}':>8s}  {extra}")
+    if args.compile:
+        for label, sec in _compile_times():
+            print(f"{label:52s} {sec:7.2f} s")
 
 
 if __name__ == "__main__":
