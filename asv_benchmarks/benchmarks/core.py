@@ -1,57 +1,56 @@
-"""Core benchmarks: every public function on every host backend.
+"""``discounted_returns`` and ``linear_scan`` on every backend (small shapes).
 
-Inputs are seeded and built once per parameter set (``setup``); the first call
-in ``setup`` compiles the kernels so that timings never include the JIT.
+Same conventions as :mod:`.gae`: seeded inputs, a warm call in ``setup``,
+``NotImplementedError`` for a backend that cannot run here, the GPU stream
+synchronised inside GPU timings.
 """
+
+from __future__ import annotations
 
 import numpy as np
 
 import gaescan
 
+from .common import BACKENDS, DTYPES, FULL, GAMMA, require
 
-class GAE:
-    params = (["numba", "numpy"], ["float32", "float64"], [(256, 4096), (8, 1024)], ["none", "dones", "mask"])
-    param_names = ["backend", "dtype", "shape", "flags"]
+SHAPES = ["256x4096"] + (["256x131072"] if FULL else [])
 
-    def setup(self, backend, dtype, shape, flags):
-        rng = np.random.default_rng(0)
-        self.r = rng.standard_normal(shape).astype(dtype)
-        self.v = rng.standard_normal(shape).astype(dtype)
-        self.kw = {"gamma": 0.99, "lam": 0.95, "backend": backend}
-        if flags == "dones":
-            self.kw["dones"] = rng.random(shape) < 1e-3
-        elif flags == "mask":
-            self.kw["mask"] = rng.random(shape) < 0.8
-        gaescan.gae(self.r, self.v, **self.kw)
 
-    def time_gae(self, backend, dtype, shape, flags):
-        gaescan.gae(self.r, self.v, **self.kw)
+def _inputs(shape, dtype, backend, seed):
+    B, T = (int(x) for x in shape.split("x"))
+    rng = np.random.default_rng([seed, B, T])
+    a = rng.random((B, T)).astype(dtype)
+    b = rng.standard_normal((B, T)).astype(dtype)
+    if backend != "cuda":
+        return a, b, lambda: None
+    import cupy as cp
 
-    def peakmem_gae(self, backend, dtype, shape, flags):
-        gaescan.gae(self.r, self.v, **self.kw)
+    return cp.asarray(a), cp.asarray(b), cp.cuda.get_current_stream().synchronize
 
 
 class DiscountedReturns:
-    params = (["numba", "numpy"], [(256, 4096)])
-    param_names = ["backend", "shape"]
+    params = (BACKENDS, DTYPES, SHAPES)
+    param_names = ["backend", "dtype", "shape"]
 
-    def setup(self, backend, shape):
-        self.r = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-        gaescan.discounted_returns(self.r, gamma=0.99, backend=backend)
+    def setup(self, backend, dtype, shape):
+        require(backend)
+        _, self.r, self.sync = _inputs(shape, dtype, backend, 1)
+        self.time_discounted_returns(backend, dtype, shape)
 
-    def time_discounted_returns(self, backend, shape):
-        gaescan.discounted_returns(self.r, gamma=0.99, backend=backend)
+    def time_discounted_returns(self, backend, dtype, shape):
+        gaescan.discounted_returns(self.r, gamma=GAMMA, backend=backend)
+        self.sync()
 
 
 class LinearScan:
-    params = (["numba", "numpy"], [False, True])
-    param_names = ["backend", "reverse"]
+    params = (BACKENDS, DTYPES, [False, True])
+    param_names = ["backend", "dtype", "reverse"]
 
-    def setup(self, backend, reverse):
-        rng = np.random.default_rng(0)
-        self.a = rng.random((256, 4096)).astype(np.float32)
-        self.b = rng.standard_normal((256, 4096)).astype(np.float32)
-        gaescan.linear_scan(self.a, self.b, reverse=reverse, backend=backend)
+    def setup(self, backend, dtype, reverse):
+        require(backend)
+        self.a, self.b, self.sync = _inputs("256x4096", dtype, backend, 2)
+        self.time_linear_scan(backend, dtype, reverse)
 
-    def time_linear_scan(self, backend, reverse):
+    def time_linear_scan(self, backend, dtype, reverse):
         gaescan.linear_scan(self.a, self.b, reverse=reverse, backend=backend)
+        self.sync()

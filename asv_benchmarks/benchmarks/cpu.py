@@ -1,13 +1,17 @@
-"""asv benchmarks of the "numba" CPU backend (issue 3 targets).
+"""The "numba" CPU backend's targets, each beside a STREAM triad over the same
+element count (read the ratio off one run).
 
-Each class holds one target; the STREAM triad over the same element count is
-a separate benchmark of the same class so that ratios can be read side by
-side in one run.
+Small shapes by default; ``GAESCAN_ASV_FULL=1`` runs the targets' own shapes
+(B=256, T=131072 batch-major; T=8192, B=4096 time-major).
 """
+
+from __future__ import annotations
 
 import numpy as np
 
 import gaescan
+
+from .common import FULL
 
 try:
     from numba import njit, prange
@@ -32,42 +36,44 @@ class _Triad:
 
 
 class GAEBatchMajor(_Triad):
-    """Target 1 and 3: B=256, T=131072, float32 (17 bytes/step with dones)."""
+    """Targets 1 and 3: float32 [B, T] (17 bytes/step with dones)."""
 
-    params = [[False, True]]
-    param_names = ["dones"]
+    params = [[False, True], ["256x131072"] if FULL else ["64x16384"]]
+    param_names = ["dones", "shape"]
     timeout = 300
 
-    def setup(self, dones):
+    def setup(self, dones, shape):
         rng = np.random.default_rng(0)
-        B, T = 256, 131072
+        B, T = (int(x) for x in shape.split("x"))
         self.r = rng.standard_normal((B, T), dtype=np.float32)
         self.v = rng.standard_normal((B, T), dtype=np.float32)
         self.d = (rng.random((B, T)) < 1e-3) if dones else None
         self.out = (np.empty_like(self.r), np.empty_like(self.r))
         self._triad_setup(B * T)
-        self.time_gae(dones)
+        self.time_gae(dones, shape)
 
-    def time_gae(self, dones):
+    def time_gae(self, dones, shape):
         gaescan.gae(self.r, self.v, gamma=0.99, lam=0.95, dones=self.d, out=self.out, backend="numba")
 
 
 class GAETimeMajor(_Triad):
-    """Target 2: T=8192, B=4096, float32, dones, axis=0."""
+    """Target 2: float32 [T, B], dones, axis=0."""
 
+    params = [["8192x4096"] if FULL else ["1024x512"]]
+    param_names = ["TxB"]
     timeout = 300
 
-    def setup(self):
+    def setup(self, shape):
         rng = np.random.default_rng(0)
-        T, B = 8192, 4096
+        T, B = (int(x) for x in shape.split("x"))
         self.r = rng.standard_normal((T, B), dtype=np.float32)
         self.v = rng.standard_normal((T, B), dtype=np.float32)
         self.d = rng.random((T, B)) < 1e-3
         self.out = (np.empty_like(self.r), np.empty_like(self.r))
         self._triad_setup(T * B)
-        self.time_gae()
+        self.time_gae(shape)
 
-    def time_gae(self):
+    def time_gae(self, shape):
         gaescan.gae(self.r, self.v, gamma=0.99, lam=0.95, dones=self.d, axis=0, out=self.out,
                     backend="numba")
 
@@ -86,7 +92,7 @@ class SmallCall:
 
 
 class GAEMemory:
-    """Target 5: peak extra memory beyond the outputs (tracemalloc)."""
+    """Target 5: peak Python-traced allocations of one call with out= (tracemalloc)."""
 
     def setup(self):
         rng = np.random.default_rng(0)
