@@ -75,10 +75,10 @@ def _oracles() -> dict[str, Any]:
     from numba import njit
 
     @njit(cache=False)
-    def gae_ref(r, v, nv, g, lam, term, trunc, mask, has_next, lv, srow, slo, shi, adv, ret):
+    def gae_ref(r, v, nv, g, lam, term, trunc, mask, has_next, lv, la, srow, slo, shi, adv, ret):
         for s in range(srow.shape[0]):
             row, lo, hi = srow[s], slo[s], shi[s]
-            a_next = 0.0
+            a_next = la[s]
             v_next = lv[s]
             for t in range(hi - 1, lo - 1, -1):
                 if not mask[row, t]:
@@ -173,8 +173,16 @@ def _seqs(R: int, T: int, cu: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.zeros(S, np.int64), c[:-1].copy(), c[1:].copy()
 
 
+def _per_seq(x: Any, n: int, out_dtype: Any) -> np.ndarray:
+    if x is None:
+        return np.zeros(n)
+    if np.isscalar(x):
+        return np.full(n, float(np.dtype(out_dtype).type(x)))
+    return _h(x).astype(out_dtype).astype(np.float64).reshape(-1)
+
+
 def ref_gae(r, v, gamma, lam, *, out_dtype, next_values=None, last_value=None, dones=None,
-            terminated=None, truncated=None, mask=None, cu_seqlens=None, axis=-1):
+            terminated=None, truncated=None, mask=None, cu_seqlens=None, axis=-1, last_advantage=None):
     shape = tuple(_h(r).shape)
     ax = axis % len(shape)
     R, T = _rt(shape, ax)
@@ -194,7 +202,8 @@ def ref_gae(r, v, gamma, lam, *, out_dtype, next_values=None, last_value=None, d
     adv = np.zeros((R, T))
     ret = np.zeros((R, T))
     _oracles()["gae"](rr, vv, nv, _full(gamma, shape, out_dtype, ax), _full(lam, shape, out_dtype, ax),
-                      term, trunc, m, next_values is not None, lv, srow, slo, shi, adv, ret)
+                      term, trunc, m, next_values is not None, lv, _per_seq(last_advantage, len(srow), out_dtype),
+                      srow, slo, shi, adv, ret)
     return adv, ret
 
 
@@ -300,6 +309,13 @@ def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool) -> None:
                    lam=cp.asarray(rng.uniform(0.8, 1.0, (3, 300001)).astype(np.float32)),
                    last_value=cp.asarray(rng.standard_normal(3).astype(np.float32))))
     check("gae single row T=1000003 f64 gamma=lam=1", gae_case((1000003,), np.float64, gamma=1.0, lam=1.0))
+    # last_advantage (the carry-in of sequence-parallel slices): both drivers and packed.
+    check("gae last_advantage[B] + lv[B], B=2048 T=2000 f32 (rows driver)",
+          gae_case((2048, 2000), last_value=cp.asarray(rng.standard_normal(2048).astype(np.float32)),
+                   last_advantage=cp.asarray(rng.standard_normal(2048).astype(np.float32))))
+    check("gae last_advantage[B] B=3 T=300001 f32 mask, gamma=lam=1 (look-back driver)",
+          gae_case((3, 300001), gamma=1.0, lam=1.0, mask=cp.asarray(rng.random((3, 300001)) < 0.7),
+                   last_advantage=cp.asarray(rng.standard_normal(3).astype(np.float32))))
 
     # Packed cu_seqlens (empty, one-step and a giant segment), mask, per-segment last_value.
     def packed(dtype=np.float32, repeat=False, cu_dtype=np.int64):
@@ -311,8 +327,9 @@ def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool) -> None:
         N = int(cu[-1])
         return gae_case((N,), dtype, cu_seqlens=cp.asarray(cu), repeat=repeat,
                         mask=cp.asarray(rng.random(N) < 0.9),
-                        last_value=cp.asarray(rng.standard_normal(len(lens)).astype(dtype)))
-    check("gae packed cu_seqlens S=300 N~1.3M f32 mask lv[S] (repeat)", packed(repeat=True))
+                        last_value=cp.asarray(rng.standard_normal(len(lens)).astype(dtype)),
+                        last_advantage=cp.asarray(rng.standard_normal(len(lens)).astype(dtype)))
+    check("gae packed cu_seqlens S=300 N~1.3M f32 mask lv[S] last_advantage[S] (repeat)", packed(repeat=True))
     check("gae packed cu_seqlens int32 offsets, f64", packed(np.float64, cu_dtype=np.int32))
 
     # Regime: many short rows.
