@@ -136,25 +136,29 @@ def plot(result: dict[str, Any], path: str) -> None:
 
     recs = result["results"]
     panels = _unique([(r["dtype"], r["layout"], r["flags"]) for r in recs])
+    # One colour per method across all panels.
+    colors = {m: f"C{i % 10}" for i, m in enumerate(_unique([r["method"] for r in recs]))}
     fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(5.5 * max(len(panels), 1), 4.5), squeeze=False)
     for ax, (dtype, layout, flags) in zip(axes[0], panels, strict=False):
         block = [r for r in recs if (r["dtype"], r["layout"], r["flags"]) == (dtype, layout, flags)]
         for m in _unique([r["method"] for r in block]):
-            pts = sorted((r["T"], r["median_s"], r["B"]) for r in block if r["method"] == m and r["status"] == "ok")
+            pts = sorted((r["T"], r["median_s"]) for r in block if r["method"] == m and r["status"] == "ok")
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=colors[m], label=m)
         for device, style in (("cpu", "k--"), ("gpu", "k:")):
-            roof = sorted({(r["T"], r["bytes"] / (r["roofline_gbps"] * 1e9)) for r in block
+            roof = sorted({(r["T"], r["bytes"] / (r["roofline_gbps"] * 1e9), r["shape"]) for r in block
                            if r["status"] == "ok" and r["device"] == device})
             if roof:
                 ax.plot([p[0] for p in roof], [p[1] for p in roof], style,
-                        label=f"roofline ({'triad' if device == 'cpu' else 'D2D copy'})")
-        shapes = ", ".join(_unique([r["shape"] for r in block]))
+                        label=f"roofline ({'triad' if device == 'cpu' else 'D2D copy'}): same bytes")
+                for T, t, shape in roof:  # rows may differ in B: name each point's shape
+                    ax.annotate(shape, (T, t), fontsize=6, textcoords="offset points", xytext=(3, -8))
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("T (steps per row)")
         ax.set_ylabel("median time (s)")
-        ax.set_title(f"GAE {dtype} {layout} {flags}\n{shapes}", fontsize=9)
+        title = f"GAE {dtype}, {flags}" + ("" if layout == "packed" else f", {layout}")
+        ax.set_title(title, fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
