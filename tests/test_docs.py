@@ -24,6 +24,7 @@ import importlib
 import importlib.util
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -270,12 +271,15 @@ def test_extractor() -> None:
 
 
 def test_api_docstring_examples() -> None:
-    """The ``Examples`` sections shown on the API reference page."""
-    import gaescan._api as api
+    """The ``Examples`` sections shown on the API reference page (every module that
+    defines a public name)."""
+    import gaescan
 
+    modules = {sys.modules[getattr(gaescan, n).__module__] for n in gaescan.__all__
+               if hasattr(getattr(gaescan, n), "__module__")}
     finder = doctest.DocTestFinder()
     runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
-    tests = [t for t in finder.find(api, "gaescan") if t.examples]
+    tests = [t for m in sorted(modules, key=lambda m: m.__name__) for t in finder.find(m) if t.examples]
     assert tests
     out: list[str] = []
     for t in tests:
