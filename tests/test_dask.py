@@ -195,6 +195,13 @@ def test_scan_chunkings(rng, chunking, reverse, a_kind):
     assert oracle.rel_l2(got, mem) <= TOL[np.dtype(np.float64)]
 
 
+def test_numpy_b_takes_the_chunks_of_a_dask_a(rng):
+    b = random_data(rng, (B, T))
+    a = da.from_array(rng.uniform(0.5, 1.0, (B, T)).astype(np.float32), chunks=(2, 25))
+    y = gaescan.linear_scan(a, b, reverse=True)
+    check(y, oracle.scan_ref(a.compute(), b, reverse=True), np.float32, a.chunks)
+
+
 def test_backend_override_runs_on_the_blocks(rng):
     r = random_data(rng, (B, T))
     G = gaescan.discounted_returns(da.from_array(r, chunks=(3, 20)), gamma=0.9, backend="numpy")

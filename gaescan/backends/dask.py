@@ -437,6 +437,10 @@ def linear_scan(a, b, *, reverse, initial, axis, out, backend) -> Any:
     _dispatch.choose(backend, ctx)
     if b is None:
         raise TypeError("b is a required array")
+    if library_of(b) != "dask" and library_of(a) == "dask" and hasattr(b, "shape") and a.shape == b.shape:
+        # A NumPy b next to a full-shape Dask a takes a's chunks (as data arrays do in gae).
+        _known(a, "a")
+        b = _as_dask(b, a.chunks)
     arrs, _ = _data(dict(b=b), ["b"])
     ref = arrs["b"]
     ax = _axis(ref, axis)
