@@ -335,3 +335,16 @@ def test_cuda_column_in_the_simulator():
     for layout, flags, status, detail, roof in cells:
         assert status == "ok", (layout, flags, detail)
         assert roof.startswith("GPU device-to-device copy")
+
+
+def test_info_does_not_import_torch_or_dask():
+    code = (
+        "import sys, json, contextlib, io\n"
+        "from gaescan.bench import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    rc = cli.main(['info'])\n"
+        "print(json.dumps([rc, sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'dask'))]))\n"
+    )
+    p = _run("-c", code)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == [0, []]
