@@ -228,6 +228,40 @@ def test_results_are_lazy_and_keep_chunks(rng):
     assert adv.name != ret.name
 
 
+def test_blocks_depend_only_on_their_own_inputs_and_carries(rng):
+    """A final block reads its own input blocks and per-row carries; a carry, one block's summary."""
+    from dask.core import get_dependencies
+
+    chunks = CHUNKINGS["ragged"]
+    arrays = {k: da.from_array(random_data(rng, (B, T)), chunks=chunks) for k in ("r", "v")}
+    m = da.from_array(random_flags(rng, (B, T), 0.7), chunks=chunks)
+    adv, _ = gaescan.gae(arrays["r"], arrays["v"], gamma=0.9, lam=0.9, mask=m)
+    graph = dict(adv.__dask_graph__())
+    inputs = {arrays["r"].name, arrays["v"].name, m.name}
+    out_keys = [key for row in adv.__dask_keys__() for key in row]
+    finals = {dep for key in out_keys for dep in get_dependencies(graph, key)}  # (adv, ret) per block
+    assert len(finals) == len(out_keys)
+    carries = set()
+    for fkey in finals:
+        idx = fkey[1:]
+        for dep in get_dependencies(graph, fkey):
+            if dep[0] in inputs:
+                assert dep[1:] == idx, (fkey, dep)       # only its own block of every input
+            else:
+                assert "carry" in dep[0], (fkey, dep)    # ... and per-row carries
+                carries.add(dep)
+                for d2 in get_dependencies(graph, dep):  # a carry: one summary + the next carry
+                    assert "carry" in d2[0] or "summary" in d2[0], d2
+                    if "summary" in d2[0]:
+                        own = [d3 for d3 in get_dependencies(graph, d2) if d3[0] in inputs]
+                        assert {d3[1:] for d3 in own} == {d2[1:]}, d2
+    assert len(carries) >= 2 * B // 2  # bootstrap and advantage carries of several blocks
+    # Carries are tiny: one number per row of the block.
+    for key in carries:
+        (value,) = dask.get(graph, [key])
+        assert value.shape == (chunks[0][key[1]],), (key, value.shape)
+
+
 @pytest.mark.parametrize("shape", [(B, 0), (0, T), (0, 0)])
 def test_empty(shape):
     r = da.zeros(shape, dtype=np.float32, chunks=3)
