@@ -195,6 +195,7 @@ def main():
     print(f"out-of-core dask gae throughput (end to end, incl. generating the inputs): {gbs_all:.2f} GB/s "
           f"({steps / t_gae / 1e6:.0f} Msteps/s), {gbs_all / mem_gbs:.2f}x in-memory numba; generating "
           f"alone takes {t_gen / t_gae:.0%} of that time")
+    print(f"load average at end: {', '.join(f'{x:.1f}' for x in psutil.getloadavg())}")
 
 
 if __name__ == "__main__":
