@@ -132,6 +132,14 @@ def gae(
         Bootstrap value after the last step of each row: a scalar or an
         array of the batch shape (the input shape without ``axis``); with
         ``cu_seqlens``, shape ``(S,)``.  Default 0.
+    last_advantage : float or array, optional
+        ``A_T``, the advantage carried in from after the last step of each
+        row (same forms as ``last_value``; default 0): the carry-in of a
+        sequence computed in time slices.  The slice before another one gets
+        ``last_advantage`` = the advantage at the later slice's first step
+        and ``last_value`` = the value there (see :func:`gaescan.gae_summary`
+        and :func:`gaescan.carry_in`).  With ``mask``, it is ``A`` at the next
+        valid position after the row.
     dones : array, optional
         Episode ends, all treated as terminations.  Exclusive with
         ``terminated``/``truncated``.
