@@ -407,3 +407,16 @@ def test_torch_tensors(rng):
                          last_advantage=c[i]).advantages for i, (a, b) in enumerate(spans)]
     adv = torch.cat(parts, dim=1).numpy()
     assert_close(adv, oracle.gae_ref(r, v, gamma=0.99, lam=0.95, dones=d)[0], np.float32)
+
+
+@pytest.mark.slow
+def test_long_rows_float32_within_spec_tolerance(rng):
+    """2^17-step rows, γλ = 1 (no decay to hide errors), 16 slices: float32 carries stay within SPEC."""
+    B, T = 2, 1 << 17
+    r, v = random_data(rng, (B, T)), random_data(rng, (B, T))
+    d = random_flags(rng, (B, T), 1e-4)
+    cuts = random_cuts(rng, T, 16)
+    adv, ret, _ = sp_gae(r, v, cuts=cuts, gamma=1.0, lam=1.0, dones=d, last_value=0.5)
+    ref = oracle.gae_ref(r, v, gamma=1.0, lam=1.0, dones=d, last_value=0.5)
+    assert_close(adv, ref[0], np.float32)
+    assert_close(ret, ref[1], np.float32)
