@@ -153,6 +153,20 @@ def test_gae_one_dimensional(rng):
     check(adv, ref[0], np.float64)
 
 
+@pytest.mark.slow
+def test_gae_long_rows_float32(rng):
+    """2^17-step rows in 27 time chunks (the last one ragged), γλ = 1: within the SPEC tolerance of the oracle."""
+    n = 1 << 17
+    r, v = random_data(rng, (2, n)), random_data(rng, (2, n))
+    d = random_flags(rng, (2, n), 1e-4)
+    chunks = ((1, 1), (5000,) * 26 + (n - 130000,))
+    adv, ret = gaescan.gae(da.from_array(r, chunks=chunks), da.from_array(v, chunks=chunks), gamma=1.0,
+                           lam=1.0, dones=d)
+    ref = oracle.gae_ref(r, v, gamma=1.0, lam=1.0, dones=d)
+    check(adv, ref[0], np.float32)
+    check(ret, ref[1], np.float32)
+
+
 # ------------------------------------------------------------ returns, scans
 
 
