@@ -30,7 +30,7 @@ import dask
 import dask.array as da
 import numpy as np
 import psutil
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, get_task_stream
 
 import gaescan
 
@@ -89,11 +89,30 @@ def inputs(B, T, chunks, seed):
 
 
 def timed_store(client, arrays):
-    with PeakMemory(client) as mem:
+    """Wall seconds, peak RSS per worker, and worker-seconds spent per activity.
+
+    Activities: computing gaescan's tasks (summaries, carries, final blocks),
+    computing anything else (generating the inputs), moving data between
+    workers, spilling.
+    """
+    busy = {"gaescan compute": 0.0, "other compute": 0.0, "transfer": 0.0, "spill": 0.0}
+    with PeakMemory(client) as mem, get_task_stream(client) as ts:
         t0 = time.perf_counter()
         da.store(arrays, [Discard() for _ in arrays], lock=False)
         dt = time.perf_counter() - t0
-    return dt, mem.peak
+    for task in ts.data:
+        key = task["key"]
+        name = key[0] if isinstance(key, tuple) else str(key)
+        ours = name.startswith(("gae-", "discounted-returns-", "linear-scan-"))
+        for ss in task["startstops"]:
+            span = ss["stop"] - ss["start"]
+            if ss["action"] == "compute":
+                busy["gaescan compute" if ours else "other compute"] += span
+            elif ss["action"] == "transfer":
+                busy["transfer"] += span
+            else:
+                busy["spill"] += span
+    return dt, mem.peak, busy
 
 
 def _median(f, repeat):
@@ -177,10 +196,10 @@ def main():
         small.clear()  # release the persisted inputs
 
         r, v, d = inputs(B, T, chunks, a.seed)
-        t_gen, peak_gen = timed_store(client, [r, v, d])
+        t_gen, peak_gen, _ = timed_store(client, [r, v, d])
         adv, ret = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d)
         ntasks = len(dict(adv.__dask_graph__()) | dict(ret.__dask_graph__()))
-        t_gae, peak_gae = timed_store(client, [adv, ret])
+        t_gae, peak_gae, busy = timed_store(client, [adv, ret])
 
     def peaks(pk):
         return ", ".join(f"{x / GiB:.2f}" for x in pk.values()) + " GiB"
@@ -195,6 +214,9 @@ def main():
     print(f"out-of-core dask gae throughput (end to end, incl. generating the inputs): {gbs_all:.2f} GB/s "
           f"({steps / t_gae / 1e6:.0f} Msteps/s), {gbs_all / mem_gbs:.2f}x in-memory numba; generating "
           f"alone takes {t_gen / t_gae:.0%} of that time")
+    print("worker-seconds in the gae run: " + ", ".join(f"{k} {x:.1f} s" for k, x in busy.items()))
+    print(f"gaescan's own tasks: {BYTES_PER_STEP * steps / busy['gaescan compute'] / 1e9:.2f} GB/s per busy worker "
+          f"(in-memory numba, 2 threads: {mem_gbs:.2f} GB/s)")
     print(f"load average at end: {', '.join(f'{x:.1f}' for x in psutil.getloadavg())}")
 
 
