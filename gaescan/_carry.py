@@ -394,6 +394,23 @@ def carry_in(summaries: Any, boundary: Any = None, *, reverse: bool = True) -> A
     -----
     ``k`` vectorised steps over ``O(rows)`` numbers; nothing else crosses
     between slices.
+
+    Examples
+    --------
+    One row of four rewards split into two slices of two steps:
+
+    >>> import numpy as np, gaescan
+    >>> r = np.ones((1, 4))
+    >>> s = [gaescan.returns_summary(r[:, :2], gamma=0.5), gaescan.returns_summary(r[:, 2:], gamma=0.5)]
+    >>> s[1]
+    ScanSummary(decay=array([0.25]), head=array([1.5]))
+    >>> c = gaescan.carry_in(s)
+    >>> c
+    array([[1.5],
+           [0. ]])
+    >>> np.concatenate([gaescan.discounted_returns(r[:, :2], gamma=0.5, last_value=c[0]),
+    ...                 gaescan.discounted_returns(r[:, 2:], gamma=0.5, last_value=c[1])], axis=1)
+    array([[1.875, 1.75 , 1.5  , 1.   ]])
     """
     if not isinstance(reverse, bool):
         raise TypeError(f"reverse must be a bool, got {reverse!r}")
