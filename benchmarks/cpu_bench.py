@@ -125,10 +125,17 @@ def _features(B, T, rep, rng, row):
         ("discounted_returns dones", lambda: gaescan.discounted_returns(r, gamma=0.99, dones=d, out=o1), 9),
         ("linear_scan per-step a", lambda: gaescan.linear_scan(g, r, out=o1), 12),
     ]
-    rT, vT, nvT, dT, trT = (np.ascontiguousarray(x.reshape(T, B)) for x in (r, v, nv, d, tr))
-    cases.append(("time-major next_values+term+trunc (gae_tm)",
+    # the same element count as a time-major [T', B'] buffer, B' = 1024 environments
+    Tt, Bt = N // 1024, 1024
+    rT, vT, nvT, dT, trT = (x.reshape(Tt, Bt) for x in (r, v, nv, d, tr))
+    mT = np.ones((Tt, Bt), dtype=bool)
+    mT[: Tt // 8] = False
+    cases.append(("time-major next_values+term+trunc",
                   lambda: gaescan.gae(rT, vT, gamma=0.99, lam=0.95, next_values=nvT, terminated=dT, truncated=trT,
-                                      axis=0, out=(o1.reshape(T, B), o2.reshape(T, B))), 22))
+                                      axis=0, out=(o1.reshape(Tt, Bt), o2.reshape(Tt, Bt))), 22))
+    cases.append(("time-major mask (general sweep, gae_tm)",
+                  lambda: gaescan.gae(rT, vT, gamma=1.0, lam=0.95, mask=mT, axis=0,
+                                      out=(o1.reshape(Tt, Bt), o2.reshape(Tt, Bt))), 17))
     for name, f, per in cases:
         row(f"   {name}", _median(f, rep), per * N, bw)
 

@@ -311,7 +311,7 @@ def test_row_pairs_keep_their_own_coefficients(monkeypatch, serial_max, R):
 
 
 @pytest.mark.parametrize("R", [2, 33, 130, 2100], ids=lambda r: f"B{r}")
-@pytest.mark.parametrize("feature", ["mask", "term+trunc+next", "per-step-coefs", "carry"])
+@pytest.mark.parametrize("feature", ["mask", "term+trunc+next", "trunc+strided-next", "per-step-coefs", "carry"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_time_major_general_gae(R, feature, dtype):
     """Time-major (axis=0) calls beyond the fused path sweep blocks of batch
@@ -331,6 +331,12 @@ def test_time_major_general_gae(R, feature, dtype):
         del kw["dones"], kw["last_value"]
         kw.update(terminated=rng.random((T, R)) < 0.03, truncated=rng.random((T, R)) < 0.03,
                   next_values=rng.standard_normal((T, R)).astype(dtype))
+    elif feature == "trunc+strided-next":
+        # next_values not contiguous: the general sweep instead of the fused kernel
+        del kw["dones"], kw["last_value"]
+        kw.update(truncated=rng.random((T, R)) < 0.03,
+                  next_values=rng.standard_normal((T, 2 * R)).astype(dtype)[:, ::2],
+                  last_advantage=rng.standard_normal(R).astype(dtype))
     elif feature == "per-step-coefs":
         kw["gamma"] = rng.uniform(0.9, 1.0, (T, R)).astype(dtype)
         kw["lam"] = rng.uniform(0.8, 1.0, (T, 1)).astype(dtype)

@@ -4,9 +4,9 @@ Casting to the kernels' uniform argument kinds happens here (see
 :mod:`gaescan.kernels.cpu`); the kernels only loop.
 
 Dispatch for :func:`gae`: the fused fast kernels take every unpacked call
-whose γ and λ are scalars or per-row, batch-major with terminations, masks,
-or ``next_values`` with terminations/truncations (not masks and
-``next_values`` together), time-major with terminations only; time-major row views (time stride ≥ batch stride, all arrays
+whose γ and λ are scalars or per-row, with terminations, or ``next_values``
+with terminations/truncations, or (batch-major only) masks — not masks and
+``next_values`` together; time-major row views (time stride ≥ batch stride, all arrays
 C-contiguous once transposed) go to the kernel that vectorises across the
 batch, everything else to the fused batch-major kernel (any strides; rows in
 pairs; below ``SERIAL_MAX_STEPS`` steps on the calling thread).  The rest goes
@@ -134,13 +134,10 @@ def _time_major(*arrays: np.ndarray) -> bool:
 
 def gae(p: GAEProblem) -> None:
     rows = p.rows
-    plain = p.next_values is None and p.truncated is None and p.mask is None
-    if (rows.cu_seqlens is None and (p.next_values is None or p.mask is None)
-            and (plain or not _sweep_time_major(rows, p.rewards))):
+    if rows.cu_seqlens is None and (p.next_values is None or p.mask is None):
         gcol = _column(p.gamma, rows)
         lcol = _column(p.lam, rows) if gcol is not None else None
-        if gcol is not None and lcol is not None:
-            _gae_fast(p, rows, gcol, lcol)
+        if gcol is not None and lcol is not None and _gae_fast(p, rows, gcol, lcol):
             return
     r = _data(p.rewards, rows)
     values = _data(p.values, rows)
@@ -158,7 +155,9 @@ def gae(p: GAEProblem) -> None:
     cpu.gae_rows(*args, nv, bound, carry, cu, packed, zero, p.advantages, p.returns)
 
 
-def _gae_fast(p: GAEProblem, rows: Rows, gcol: np.ndarray, lcol: np.ndarray) -> None:
+def _gae_fast(p: GAEProblem, rows: Rows, gcol: np.ndarray, lcol: np.ndarray) -> bool:
+    """Run a fused kernel; ``False`` when none fits (time-major rows that the
+    fused time-major kernels cannot take go to the general sweep instead)."""
     r = _data(p.rewards, rows)
     v = _data(p.values, rows)
     term = None if p.terminated is None else _flag8(p.terminated)
@@ -166,20 +165,30 @@ def _gae_fast(p: GAEProblem, rows: Rows, gcol: np.ndarray, lcol: np.ndarray) -> 
     bound = _bound(p.last_value, rows)
     carry = _bound(p.last_advantage, rows)
     adv, ret = p.advantages, p.returns
-    tm = (mask is None and p.next_values is None and rows.R > 1 and rows.T > 1 and r.strides[1] > r.strides[0]
-          and _time_major(r, v, adv, ret) and (term is None or _time_major(term)))
-    if tm:
+    if _sweep_time_major(rows, r):
+        if mask is not None or not _time_major(r, v, adv, ret):
+            return False
+        if p.next_values is not None:
+            nv = _data(p.next_values, rows)
+            if not _time_major(nv):
+                return False
+            cpu.gae_timemajor_next(r.T, v.T, nv.T, _flag(p.terminated, rows, False).T,
+                                   _flag(p.truncated, rows, False).T, gcol, lcol, carry, adv.T, ret.T)
+            return True
+        if term is not None and not _time_major(term):
+            return False
         cpu.gae_timemajor(r.T, v.T, _NO_FLAGS if term is None else term.T, term is not None,
                           gcol, lcol, bound, carry, adv.T, ret.T)
-        return
+        return True
     kernel = cpu.gae_rows_fused_1t if rows.R * rows.T <= SERIAL_MAX_STEPS else cpu.gae_rows_fused
     if p.next_values is not None:
         # the next_values loop reads both flags: absent ones as zero-stride views of 0
         kernel(r, v, _data(p.next_values, rows), True, _flag(p.terminated, rows, False), term is not None,
                _flag(p.truncated, rows, False), _NO_FLAGS, False, gcol, lcol, bound, carry, adv, ret)
-        return
+        return True
     kernel(r, v, v, False, _NO_FLAGS if term is None else term, term is not None, _NO_FLAGS,
            _NO_FLAGS if mask is None else mask, mask is not None, gcol, lcol, bound, carry, adv, ret)
+    return True
 
 
 def discounted_returns(p: ReturnsProblem) -> None:
@@ -220,5 +229,6 @@ def warmup() -> None:
         gaescan.gae(x, x, gamma=0.9, lam=0.9, dones=d, backend="numba")
         gaescan.gae(x.T, x.T, gamma=0.9, lam=0.9, dones=d.T, axis=0, backend="numba")
         gaescan.gae(x, x, gamma=0.9, lam=0.9, mask=~d, backend="numba")
+        gaescan.gae(x.T, x.T, gamma=0.9, lam=0.9, next_values=x.T, truncated=d.T, axis=0, backend="numba")
         gaescan.discounted_returns(x, gamma=0.9, backend="numba")
         gaescan.linear_scan(0.5, x, backend="numba")

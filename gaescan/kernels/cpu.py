@@ -526,3 +526,39 @@ def gae_timemajor(rewards, values, term, has_term, gcol, lcol, bound, carry, adv
                     ret[t, c] = a + v
                     an[k] = a
                     vn[k] = v
+
+
+@njit(
+    [types.void(_c2(ft), _c2(ft), _c2(ft), _U8A, _U8A, _ro(ft, 1), _ro(ft, 1), _ro(ft, 1),
+                _c2(ft, False), _c2(ft, False)) for ft in _FLOATS],
+    parallel=True, nogil=True, cache=True, fastmath=_FM,
+)
+def gae_timemajor_next(rewards, values, next_values, term, trunc, gcol, lcol, carry, adv, ret):
+    """:func:`gae_timemajor` with ``next_values`` and terminations/truncations
+    (the correct bootstrap for SB3/CleanRL buffers).  ``term`` and ``trunc``
+    are uint8 ``(T, R)`` views of any strides (zero-stride views of 0 when
+    absent); the data arrays are C-contiguous."""
+    T, R = rewards.shape
+    wb = _W if R >= 4 * _W else max(64, (R + 3) // 4)
+    nb = (R + wb - 1) // wb
+    for bb in prange(nb):
+        c0 = np.int64(bb) * wb
+        c1 = min(c0 + wb, R)
+        w = c1 - c0
+        an = np.empty(w, rewards.dtype)
+        gg = np.empty(w, rewards.dtype)
+        gl = np.empty(w, rewards.dtype)
+        for k in range(w):
+            an[k] = carry[c0 + k]
+            gg[k] = gcol[c0 + k]
+            gl[k] = gcol[c0 + k] * lcol[c0 + k]
+        for j in range(T):
+            t = np.uint64(T - 1 - j)
+            for k in range(w):
+                c = np.uint64(c0 + k)
+                v = values[t, c]
+                e = term[t, c] != 0
+                a = _nstep(rewards[t, c], v, next_values[t, c], e, e or trunc[t, c] != 0, gg[k], gl[k], an[k])
+                adv[t, c] = a
+                ret[t, c] = a + v
+                an[k] = a
