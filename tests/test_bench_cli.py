@@ -23,6 +23,13 @@ TINY = ["--shapes", "3x70,2x5", "--repeat", "1", "--no-progress"]
 STATUSES = {"ok", "n/a"}
 
 
+@pytest.fixture(autouse=True)
+def _no_settle(monkeypatch):
+    """No pause between methods (in this process and in CLI subprocesses)."""
+    monkeypatch.setattr(runner, "_SETTLE_S", 0.0)
+    monkeypatch.setenv("GAESCAN_BENCH_SETTLE_S", "0")
+
+
 def _bench(capsys, *args: str) -> tuple[int, str]:
     rc = cli.main(["bench", *TINY, *args])
     return rc, capsys.readouterr().out
