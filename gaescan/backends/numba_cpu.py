@@ -56,7 +56,7 @@ def _flag(x: Any | None, rows: Rows, absent: bool) -> np.ndarray:
 
 def _bound(v: Coeff, rows: Rows) -> np.ndarray:
     if isinstance(v, float):
-        return np.full(rows.nseg, v, dtype=rows.dtype)
+        return _const_col(v, rows.nseg, rows.dtype)
     return v.astype(rows.dtype, copy=False)
 
 
@@ -77,7 +77,7 @@ def _column(c: Coeff, rows: Rows) -> np.ndarray | None:
     """A scalar or per-row coefficient as a contiguous ``(R,)`` array; ``None``
     when it varies along time."""
     if isinstance(c, float):
-        return np.full(rows.R, c, dtype=rows.dtype)
+        return _const_col(c, rows.R, rows.dtype)
     if rows.T == 1 or c.strides[1] == 0:
         return np.ascontiguousarray(c[:, 0], dtype=rows.dtype)
     return None
@@ -92,8 +92,9 @@ _cols: dict[tuple, np.ndarray] = {}
 
 def _const_col(value: float, n: int, dtype: np.dtype) -> np.ndarray:
     """A read-only ``(n,)`` array of ``value`` (cached: training loops repeat
-    the same γ, λ and batch size call after call)."""
-    key = (value, n, dtype.char)
+    the same γ, λ and batch size call after call).  Keyed on the value's bits,
+    so that -0.0 and 0.0 (equal as floats) stay apart."""
+    key = (value.hex(), n, dtype.char)
     col = _cols.get(key)
     if col is None:
         if len(_cols) > 64:
@@ -119,13 +120,18 @@ def gae_host_fast(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray | N
     valid = _NO_FLAGS if mask is None else mask.reshape(R, T).view(np.uint8)
     adv = np.empty(shape, dt)
     ret = np.empty(shape, dt)
-    kernel = cpu.gae_rows_fused_1t if R * T <= SERIAL_MAX_STEPS else cpu.gae_rows_fused
+    kernel = _rows_kernel(R, T)
     v2 = values.reshape(R, T)
     kernel(rewards.reshape(R, T), v2, v2, False, term, dones is not None, _NO_FLAGS, valid, mask is not None,
            _const_col(float(ft(gamma)), R, dt), _const_col(float(ft(lam)), R, dt),
            _const_col(float(ft(last_value)), R, dt), _const_col(0.0, R, dt),
            adv.reshape(R, T), ret.reshape(R, T))
     return adv, ret
+
+
+def _rows_kernel(R: int, T: int) -> Any:
+    """The batch-major fused kernel for ``R`` rows of ``T`` steps."""
+    return cpu.gae_rows_fused_1t if R * T <= SERIAL_MAX_STEPS else cpu.gae_rows_fused
 
 
 def _time_major(*arrays: np.ndarray) -> bool:
@@ -180,7 +186,7 @@ def _gae_fast(p: GAEProblem, rows: Rows, gcol: np.ndarray, lcol: np.ndarray) -> 
         cpu.gae_timemajor(r.T, v.T, _NO_FLAGS if term is None else term.T, term is not None,
                           gcol, lcol, bound, carry, adv.T, ret.T)
         return True
-    kernel = cpu.gae_rows_fused_1t if rows.R * rows.T <= SERIAL_MAX_STEPS else cpu.gae_rows_fused
+    kernel = _rows_kernel(rows.R, rows.T)
     if p.next_values is not None:
         # the next_values loop reads both flags: absent ones as zero-stride views of 0
         kernel(r, v, _data(p.next_values, rows), True, _flag(p.terminated, rows, False), term is not None,
