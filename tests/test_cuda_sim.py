@@ -282,6 +282,42 @@ def test_gae_strided_and_deterministic():
     close(a1, gae_oracle(r, v, float(np.float32(0.99)), float(np.float32(0.95)), term=d)[0], np.float32)
 
 
+# Blocks of several warps: the block scan shuffles within each warp and folds the
+# warps' aggregates in shared memory.  (name, tunables, R, T, time-major)
+WARP_GEOMETRIES = [
+    # RW=1, TW=64: two warps of 32 time-threads; three tiles walked per row.
+    ("rows-rw1-2warps", dict(threads=64, k=1, rows_min_blocks=1), 2, 150, False),
+    # RW=1, TW=96 (not a power of two): three warps; a block per tile.
+    ("lookback-rw1-3warps", dict(threads=96, k=1, rows_min_blocks=10**9), 1, 200, False),
+    # Short rows, RW=2, TW=32: 16 time-threads of each row per warp.
+    ("rows-rw2", dict(threads=64, k=1, rows_min_blocks=1), 3, 20, False),
+    # Time-major RW=4, TW=16: 8 time-threads of each row per warp, two warps.
+    ("lookback-tm-rw4", dict(threads=64, k_time_major=1, rows_time_major=4,
+                             rows_min_blocks=10**9), 6, 40, True),
+    # Time-major RW=32, TW=2: one time-thread per warp (shared memory only).
+    ("lookback-tm-rw32", dict(threads=64, k_time_major=1, rows_time_major=32,
+                              rows_min_blocks=10**9), 33, 9, True),
+]
+
+
+@pytest.mark.parametrize("feature", ["dones", "mask"])
+@pytest.mark.parametrize("geom", WARP_GEOMETRIES, ids=[g[0] for g in WARP_GEOMETRIES])
+def test_block_scan_across_warps(geom, feature):
+    _, tun, R, T, time_major = geom
+    rng = np.random.default_rng(18)
+    if time_major:
+        r, v = rng.standard_normal((T, R)).T, rng.standard_normal((T, R)).T
+    else:
+        r, v = rng.standard_normal((R, T)), rng.standard_normal((R, T))
+    d = rng.random((R, T)) < 0.03
+    m = rng.random((R, T)) < 0.85 if feature == "mask" else None
+    lv = rng.standard_normal(R)
+    adv, ret = run_gae(tun, np.float64, r, v, 0.97, 0.9, term=d, mask=m, lv=lv)
+    ea, er = gae_oracle(r, v, 0.97, 0.9, term=d, mask=m, lv=lv)
+    close(adv, ea, np.float64)
+    close(ret, er, np.float64)
+
+
 # --------------------------------------------------------------------------- returns
 
 

@@ -125,7 +125,7 @@ def _cases():
     # (name, kind, mode, fwd, out dtype, input dtype, flag dtype, coeff dtype, compile-time options)
     for kname, kind, fwd in kinds:
         for mname, mode in modes:
-            for o, i in ((np.float32, np.float16), (np.float64, np.float64)):
+            for o, i in ((np.float32, np.float32), (np.float32, np.float16), (np.float64, np.float64)):
                 out.append((f"{kname}-{mname}-{np.dtype(o).name}<-{np.dtype(i).name}",
                             kind, mode, fwd, o, i, np.bool_, None, 0))
             if kind != kern.SCAN:
@@ -192,3 +192,22 @@ def test_kernel_compiles_without_spills(toolchain, case, cc):
     print(line)
     assert regs, f"no register report from ptxas:\n{info}"
     assert sum(stores) == 0 and sum(loads) == 0, f"local-memory spills in {name}:\n{info}"
+
+
+@pytest.mark.parametrize("min_blocks", [6, 8])
+def test_launch_bounds_cap_registers(toolchain, min_blocks):
+    # The "min_blocks_per_sm" tunable compiles with launch bounds (threads, min_blocks):
+    # ptxas must then fit 65536 registers among min_blocks blocks of 128 threads.
+    from gaescan.kernels import cuda as kern
+
+    cc = CCS[-1]
+    _FakeDevice.cc = cc
+    k = kern._build(kern.GAE_V, kern.MODE_LOOKBACK, False, np.dtype(np.float32), 128, 8, 0)
+    ptx, _ = cuda.compile_ptx(k.py_func, _sig(kern.GAE_V, np.float32, np.float32, np.bool_), cc=cc,
+                              launch_bounds=(128, min_blocks))
+    assert ".minnctapersm" in ptx
+    info = _ptxas_info(ptx, cc)
+    regs = max(int(x) for x in re.findall(r"Used (\d+) registers", info))
+    spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", info))
+    print(f"sm_90  gae-lookback-float32 launch_bounds(128, {min_blocks}): regs {regs}, spill stores {spills} B")
+    assert regs * 128 * min_blocks <= 65536

@@ -30,7 +30,6 @@ every tile, block and chunk boundary).
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any
 
@@ -57,6 +56,9 @@ TUNABLES: dict[str, Any] = {
     "k_time_major": 8,
     # Rows per block for time-major rows.
     "rows_time_major": 32,
+    # Ask ptxas for registers that let this many blocks share an SM (CUDA launch
+    # bounds; 0 = no bound, ptxas decides).  A bound may spill registers to local memory.
+    "min_blocks_per_sm": 0,
     # Use a block per row group (walking tiles) when there are at least this many
     # row groups; else split rows into tiles with the look-back.
     "rows_min_blocks": 1024,
@@ -80,9 +82,7 @@ override = _tunables.override
 
 def is_simulator() -> bool:
     """True when Numba's CUDA simulator runs the kernels (on NumPy arrays)."""
-    return bool(getattr(cuda, "simulator_enabled", False)) or os.environ.get(
-        "NUMBA_ENABLE_CUDASIM", "0"
-    ) not in ("", "0")
+    return kern.SIMULATOR
 
 
 def current_stream_ptr() -> int:
@@ -110,14 +110,16 @@ def _stream(ptr: int) -> Any:
     return s
 
 
-def _dummy(sim: bool, dtype: Any, ndim: int) -> Any:
-    """A never-read placeholder for an absent array argument (stable kernel types)."""
-    dev = -1 if sim else cuda.get_current_device().id
-    key = (dev, np.dtype(dtype).str, ndim)
+def _dummy(dev: int, dtype: Any, ndim: int) -> Any:
+    """A never-read placeholder for an absent array argument (stable kernel types).
+
+    ``dev`` is the CUDA device id, or -1 in the simulator (a NumPy placeholder).
+    """
+    key = (dev, dtype, ndim)
     d = _dummies.get(key)
     if d is None:
         shape = (1,) * ndim
-        d = np.zeros(shape, dtype=dtype) if sim else cuda.device_array(shape, dtype=dtype)
+        d = np.zeros(shape, dtype=dtype) if dev < 0 else cuda.device_array(shape, dtype=dtype)
         _dummies[key] = d
     return d
 
@@ -134,6 +136,8 @@ class _Launch:
 
     def __init__(self, rows: Any, ref: Any) -> None:
         self.sim = is_simulator()
+        # Looked up once per call: the device of the placeholder arrays.
+        self.dev = -1 if self.sim else cuda.get_current_device().id
         self.xp = rows.xp
         self.dtype = np.dtype(rows.dtype)
         self.cast = self.dtype.type
@@ -145,7 +149,7 @@ class _Launch:
 
     def arr(self, x: Any, dtype: Any, ndim: int) -> Any:
         if x is None:
-            return _dummy(self.sim, dtype, ndim)
+            return _dummy(self.dev, dtype, ndim)
         if self.sim:
             # Wrapped as a simulated device array: no copy in, no copy back
             # (inputs may be read-only broadcast views).
@@ -196,7 +200,7 @@ class _Launch:
             pub, flg = self.arr(keep[0], dt, 1), self.arr(keep[1], np.int32, 1)
             grid = ngroups * nchunks
         else:
-            pub, flg = _dummy(self.sim, dt, 1), _dummy(self.sim, np.int32, 1)
+            pub, flg = _dummy(self.dev, dt, 1), _dummy(self.dev, np.int32, 1)
             keep = ()
             grid = ngroups
         args = (
@@ -206,12 +210,13 @@ class _Launch:
             np.int64(self.R), np.int64(self.T), np.int64(self.nseg),
             np.int64(RW), np.int64(TW), pub, flg,
         )
+        key = (kind, mode, fwd, dt.str, nsh, K, opts & _CT)
         if self.sim:
             if get("debug_typed_in_sim"):
-                kernel = _typed(kernel, (kind, mode, fwd, dt.str, nsh, K, opts & _CT), args)
+                kernel = _typed(kernel, key, args, int(get("min_blocks_per_sm")))
             kernel[grid, (RW, TW)](*args)
         else:
-            kernel = _typed(kernel, (kind, mode, fwd, dt.str, nsh, K, opts & _CT), args)
+            kernel = _typed(kernel, key, args, int(get("min_blocks_per_sm")))
             kernel[grid, (RW, TW), _stream(current_stream_ptr())](*args)
         del keep
 
@@ -227,14 +232,16 @@ def _arg_key(x: Any) -> Any:
     return (dt.str, getattr(x, "ndim", 0), isinstance(x, np.generic))
 
 
-def _typed(kernel: Any, key: tuple, args: tuple) -> Any:
+def _typed(kernel: Any, key: tuple, args: tuple, min_blocks: int = 0) -> Any:
     """A dispatcher compiled for ``args`` with every array typed as layout ``"A"``.
 
     Contiguous and strided views then share one compiled kernel (Numba would
     otherwise compile one specialisation per combination of layouts).  Should
     the explicit signature be refused, the lazily specialising kernel is used.
+    ``min_blocks > 0`` compiles with launch bounds ``(threads, min_blocks)``
+    (``threads`` = ``key[4]``, the largest block the kernel is launched with).
     """
-    full = key + tuple(_arg_key(x) for x in args)
+    full = key + (min_blocks,) + tuple(_arg_key(x) for x in args)
     d = _typed_cache.get(full)
     if d is None:
         try:  # numba-cuda's own typeof (it knows device arrays and the CUDA array interface)
@@ -251,8 +258,9 @@ def _typed(kernel: Any, key: tuple, args: tuple) -> Any:
                     if isinstance(t, types.Array):
                         t = t.copy(layout="A", readonly=False)
                     sig.append(t)
+                opts = {"launch_bounds": (key[4], min_blocks)} if min_blocks > 0 else {}
                 try:
-                    d = cuda.jit(types.void(*sig))(kernel.py_func)
+                    d = cuda.jit(types.void(*sig), **opts)(kernel.py_func)
                 except Exception as exc:  # pragma: no cover - depends on the numba-cuda version
                     import warnings
 

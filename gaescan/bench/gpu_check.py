@@ -692,8 +692,12 @@ def sweep(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
     """Time a few CUDA tunable settings (each compiles a kernel once) on two shapes."""
     from gaescan.backends import cuda as cb
 
-    settings = [dict(threads=128, k=8), dict(threads=256, k=8), dict(threads=128, k=16),
-                dict(threads=256, k=4), dict(threads=64, k=16), dict(threads=512, k=4)]
+    settings = [dict(threads=128, k=8), dict(threads=128, k=4), dict(threads=256, k=8),
+                dict(threads=128, k=16), dict(threads=256, k=4), dict(threads=512, k=4),
+                # registers bounded for 6 blocks per SM (96 regs; ptxas may spill)
+                dict(threads=128, k=8, min_blocks_per_sm=6),
+                # a block per row walking its tiles (no look-back) instead of a block per tile
+                dict(threads=128, k=8, rows_min_blocks=1)]
     shapes = [("B=256 T=131072", 256, 131072), ("B=4 T=2^22", 4, 2**22)]
     if quick:
         shapes = [("B=64 T=16384", 64, 16384)]
@@ -716,7 +720,8 @@ def sweep(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
                 with cb.override(**st):
                     t = _events_ms(cp, functools.partial(gaescan.gae, r, v, gamma=0.99, lam=0.95, dones=d,
                                                          out=(a0, r0), backend="cuda"))
-                parts.append(f"threads={st['threads']},k={st['k']}: {t:.3f} ms {17 * B * T / t / 1e6:.0f} GB/s")
+                name = ",".join(f"{k}={val}" for k, val in st.items())
+                parts.append(f"{name}: {t:.3f} ms {17 * B * T / t / 1e6:.0f} GB/s")
             except Exception as exc:  # noqa: BLE001
                 parts.append(f"{st}: {type(exc).__name__}: {exc}")
         print(f"  {label}")
@@ -724,6 +729,40 @@ def sweep(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
             print(f"    {ptxt}")
         r = v = d = a0 = r0 = None
         cp.get_default_memory_pool().free_all_blocks()
+
+
+def host_profile(cp: Any, gaescan: Any, calls: int = 300, top: int = 18) -> None:
+    """Where the host time of a small call goes: cProfile of back-to-back calls (no sync)."""
+    import cProfile
+    import io
+    import pstats
+
+    shp = (8, 1024)
+    rng = np.random.default_rng(5)
+    r = cp.asarray(rng.standard_normal(shp, dtype=np.float32))
+    v = cp.asarray(rng.standard_normal(shp, dtype=np.float32))
+    d = cp.asarray(rng.random(shp) < 0.01)
+    a0 = cp.empty(shp, cp.float32)
+    r0 = cp.empty(shp, cp.float32)
+
+    def f():
+        gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, out=(a0, r0), backend="cuda")
+
+    for _ in range(20):
+        f()
+    cp.cuda.get_current_stream().synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        f()
+    prof.disable()
+    cp.cuda.get_current_stream().synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    print()
+    print(f"host profile: {calls} calls of gae(B=8, T=1024, dones, out=...) on the cuda backend "
+          "(cProfile adds its own overhead; compare the rows, not the total)")
+    print(buf.getvalue().rstrip())
 
 
 # --------------------------------------------------------------------------- main
@@ -808,6 +847,10 @@ def main(argv: list | None = None) -> int:
         except Exception as exc:  # noqa: BLE001
             traceback.print_exc()
             RESULTS.append(("FAIL", "benchmark driver", str(exc)))
+        try:
+            host_profile(cp, gaescan)
+        except Exception as exc:  # noqa: BLE001
+            print(f"(host profile failed: {type(exc).__name__}: {exc})")
     fails = [r for r in RESULTS if r[0] == "FAIL"]
     skips = [r for r in RESULTS if r[0] == "SKIP"]
     print()

@@ -12,7 +12,11 @@ of the sequence.  A run of steps acts on that state as the map::
 
     (A, Vn) -> (alpha*A + beta*Vn + c,  Vf if hv else Vn)
 
-so a run is five numbers ``(alpha, beta, c, hv, Vf)``; a masked step is the
+so a run is five numbers ``(alpha, beta, c, hv, Vf)``.  Only a mask makes
+"the next unmasked value" depend on the data; without one, ``Vn`` at step
+``t`` is ``v[t+1]`` (or the boundary value), δ is formed directly when the
+steps are loaded, and the map shrinks to the pair ``(alpha, c)`` — as for
+GAE with ``next_values``, returns and the linear scan.  A masked step is the
 identity, a segment boundary of a packed row the constant map
 ``(0, 0, A0, 1, last_value[s])``.  Two runs compose as (``M1`` earlier in time,
 applied after ``M2``)::
@@ -32,11 +36,13 @@ A tile is ``RW`` rows x ``TW * K`` steps; thread ``(x, y)`` owns row ``x`` and
 the ``K`` consecutive steps ``y*K .. y*K+K-1`` of the tile.  Per tile:
 
 1. each thread composes the maps of its ``K`` steps (serial, in registers);
-2. a Hillis-Steele suffix scan over ``y`` in shared memory (no warp
-   shuffles, so the same code runs in Numba's simulator) gives every thread
-   the composition of the later threads' maps;
+2. a suffix scan over ``y`` — warp shuffles inside a warp, then the warps'
+   aggregates through shared memory — gives every thread the composition of
+   the later threads' maps (the simulator, which has no shuffles, gets one
+   from :mod:`gaescan.kernels._cudasim`, so it runs this same code);
 3. each thread applies that to the tile's carry-in state, then re-runs its
-   ``K`` steps concretely and writes the outputs.
+   ``K`` steps concretely; the outputs pass through shared memory so that the
+   stores are coalesced (consecutive lanes write consecutive steps).
 
 Two drivers share the tile code:
 
@@ -68,6 +74,16 @@ from __future__ import annotations
 
 import numpy as np
 from numba import cuda
+from numba.core import config as _numba_config
+
+#: Numba's CUDA simulator runs the kernels (``NUMBA_ENABLE_CUDASIM=1``, read at import).
+SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
+
+if SIMULATOR:
+    # The simulator has no warp intrinsics: give it the shuffle the block scan uses.
+    from . import _cudasim
+
+    _cudasim.install()
 
 # Problem kinds (compile-time constants of a kernel).
 GAE_V = 0  # GAE, bootstrap from the value at the next unmasked position
@@ -130,10 +146,17 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
     PACKED = bool(CT & OPT_PACKED)
     CAST = np.float32 if dtype == np.float32 else np.float64
     NBT = np.float32 if dtype == np.float32 else np.float64  # numba dtype for shared arrays
-    USE_V = KIND == GAE_V
+    # Without a mask, the value after step t is v[t+1] (or the boundary value):
+    # δ is computed directly and the map is the affine pair (alpha, c).  Only a
+    # mask (the next *unmasked* value) needs the value carried in the state.
+    USE_V = KIND == GAE_V and MASKED
+    DIRECT_V = KIND == GAE_V and not MASKED
     NF = 5 if USE_V else 2
     LINE = 128 // dtype.itemsize
     LOOKBACK = MODE == MODE_LOOKBACK
+    # Output staging for coalesced stores (see emit): NSH*K slots plus padding.
+    TB_LEN = NSH * K + (NSH * K) // 32 + 1
+    TB2_LEN = TB_LEN if KIND in (GAE_V, GAE_NEXT) else 1
 
     @cuda.jit(device=True)
     def compose(a1, b1, c1, h1, f1, a2, b2, c2, h2, f2):
@@ -298,6 +321,23 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
                     eb[j] = b_
                     ec[j] = c_
                     ev[j] = v_
+        if DIRECT_V:
+            # delta_t = (r_t - v_t) + gamma_t * V', V' the value after step t: the
+            # next staged value, the segment's or row's boundary value, or (last
+            # staged step) one more load.  A zero gamma (termination) skips the
+            # product, so a NaN after an episode end stays there.
+            for j in range(K):
+                u = u_lo + j
+                if ok[j] and eb[j] != zero:
+                    if packed and rs[j]:
+                        vn = rv[j]
+                    elif u + 1 >= T:
+                        vn = boundary(lv, lv_s, opts, row)
+                    elif j + 1 < K:
+                        vn = ev[j + 1]
+                    else:
+                        vn = CAST(v[row, phys(u + 1, T)])
+                    ec[j] = cuda.fma(eb[j], vn, ec[j])
 
     @cuda.jit(device=True)
     def reset_map(bv, bc):
@@ -325,26 +365,64 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
         return ma, mb, mc, mh, mf
 
     @cuda.jit(device=True)
-    def emit(row, u_lo, u_hi, T, ok, ea, eb, ec, ev, rs, rv, rq, A, Vn, out1, out2):
-        """Run the staged steps concretely from state (A, Vn) and write the outputs."""
+    def spos(i):
+        # One padding slot per 32 elements: a thread's K consecutive slots and
+        # the lanes' strided slots both fall in distinct banks.
+        return i + i // 32
+
+    @cuda.jit(device=True)
+    def emit(row, live, x, y, RW, yw, ut, u_lo, u_hi, T, ok, ea, eb, ec, ev, rs, rv, rq, A, Vn,
+             out1, out2, tb1, tb2):
+        """Run the staged steps concretely from state (A, Vn) and write the outputs.
+
+        Every lane of the warp must call this.  With ``yw > 1`` time-threads of a
+        row in a warp, those ``yw`` threads own ``yw*K`` consecutive steps: the
+        values pass through shared memory (``tb1``, ``tb2``) and are stored
+        ``yw`` consecutive steps at a time, so the global stores are coalesced
+        (one thread's ``K`` consecutive steps would hit ``K`` different sectors
+        per store instruction).
+        """
         zero = CAST(0)
-        for jj in range(K):
-            j = K - 1 - jj
-            u = u_lo + j
-            if u < u_hi:
-                t = phys(u, T)
-                if rs[j]:
-                    ra, rb, rc, rh, rf = reset_map(rv[j], rq[j])
-                    A, Vn = apply(ra, rb, rc, rh, rf, A, Vn)
-                if ok[j]:
-                    A, Vn = apply(ea[j], eb[j], ec[j], True, ev[j], A, Vn)
-                    out1[row, t] = A
-                    if KIND == GAE_V or KIND == GAE_NEXT:
-                        out2[row, t] = A + ev[j]
-                else:
-                    out1[row, t] = zero
-                    if KIND == GAE_V or KIND == GAE_NEXT:
-                        out2[row, t] = zero
+        two = KIND == GAE_V or KIND == GAE_NEXT
+        yl = y % yw
+        slot0 = ((y // yw) * RW + x) * (yw * K)  # this row's slots in the warp's part of tb
+        if live:
+            for jj in range(K):
+                j = K - 1 - jj
+                u = u_lo + j
+                if u < u_hi:
+                    if rs[j]:
+                        ra, rb, rc, rh, rf = reset_map(rv[j], rq[j])
+                        A, Vn = apply(ra, rb, rc, rh, rf, A, Vn)
+                    o1 = zero
+                    o2 = zero
+                    if ok[j]:
+                        A, Vn = apply(ea[j], eb[j], ec[j], True, ev[j], A, Vn)
+                        o1 = A
+                        if two:
+                            o2 = A + ev[j]
+                    if yw > 1:
+                        tb1[spos(slot0 + yl * K + j)] = o1
+                        if two:
+                            tb2[spos(slot0 + yl * K + j)] = o2
+                    else:
+                        t = phys(u, T)
+                        out1[row, t] = o1
+                        if two:
+                            out2[row, t] = o2
+        if yw > 1:
+            cuda.syncwarp(0xFFFFFFFF)
+            if live:
+                ug = ut + (y // yw) * (yw * K)  # first step of the yw threads' run
+                for i in range(K):
+                    e = i * yw + yl
+                    u = ug + e
+                    if u < T:
+                        t = phys(u, T)
+                        out1[row, t] = tb1[spos(slot0 + e)]
+                        if two:
+                            out2[row, t] = tb2[spos(slot0 + e)]
+            # No trailing syncwarp: tb is next written after the next block scan's barrier.
         return A, Vn
 
     @cuda.jit(device=True)
@@ -357,52 +435,70 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
             shx[4, idx] = f
 
     @cuda.jit(device=True)
-    def block_suffix_scan(sh, x, y, RW, TW, ma, mb, mc, mh, mf):
-        """Inclusive suffix scan over y of the threads' maps; leaves results in sh."""
-        one = CAST(1)
-        zero = CAST(0)
-        idx = y * RW + x
-        cuda.syncthreads()  # shared memory may still be read by the previous tile
-        sh[0, idx] = ma
-        sh[1, idx] = mc
-        if USE_V:
-            sh[2, idx] = mb
-            sh[3, idx] = one if mh else zero
-            sh[4, idx] = mf
-        cuda.syncthreads()
-        d = 1
-        while d < TW:
-            act = y + d < TW
-            if act:
-                o = idx + d * RW
-                oa = sh[0, o]
-                oc = sh[1, o]
-                if USE_V:
-                    ob = sh[2, o]
-                    oh = sh[3, o] != zero
-                    of = sh[4, o]
-                else:
-                    ob = zero
-                    oh = False
-                    of = zero
-                ma, mb, mc, mh, mf = compose(ma, mb, mc, mh, mf, oa, ob, oc, oh, of)
-            cuda.syncthreads()
-            if act:
-                sh[0, idx] = ma
-                sh[1, idx] = mc
-                if USE_V:
-                    sh[2, idx] = mb
-                    sh[3, idx] = one if mh else zero
-                    sh[4, idx] = mf
-            cuda.syncthreads()
-            d *= 2
-
-    @cuda.jit(device=True)
     def read_map(sh, idx):
         zero = CAST(0)
         if USE_V:
             return sh[0, idx], sh[2, idx], sh[1, idx], sh[3, idx] != zero, sh[4, idx]
         return sh[0, idx], zero, sh[1, idx], False, zero
+
+    @cuda.jit(device=True)
+    def shfl_map(ma, mb, mc, mh, mf, delta):
+        """The map of the lane ``delta`` above (every lane of the warp must call this)."""
+        full = 0xFFFFFFFF
+        oa = cuda.shfl_down_sync(full, ma, delta)
+        oc = cuda.shfl_down_sync(full, mc, delta)
+        if USE_V:
+            ob = cuda.shfl_down_sync(full, mb, delta)
+            oh = cuda.shfl_down_sync(full, np.int32(1) if mh else np.int32(0), delta) != 0
+            of = cuda.shfl_down_sync(full, mf, delta)
+        else:
+            zero = CAST(0)
+            ob = zero
+            oh = False
+            of = zero
+        return oa, ob, oc, oh, of
+
+    @cuda.jit(device=True)
+    def warp_ys(RW, TW):
+        """Time-threads of one row per warp: thread (x, y) is lane (x + y*RW) % 32."""
+        yw = 1
+        if 32 % RW == 0:
+            yw = 32 // RW
+        if yw > TW:
+            yw = TW
+        return yw
+
+    @cuda.jit(device=True)
+    def block_suffix_scan(sh, agg, x, y, RW, TW, ma, mb, mc, mh, mf):
+        """Inclusive suffix scan over y of the threads' maps; leaves the results in sh.
+
+        Thread ``(x, y)`` is lane ``(x + y*RW) % 32``: when ``RW`` divides 32, a
+        warp holds ``yw = 32/RW`` consecutive y of every row x, scanned with
+        shuffles (no barrier); the warps' aggregates then meet in shared memory,
+        each thread folding in those of the later warps in time order (a fixed
+        association: results do not depend on timing).  Two block barriers.
+        """
+        yw = warp_ys(RW, TW)
+        yl = y % yw
+        d = 1
+        while d < yw:
+            oa, ob, oc, oh, of = shfl_map(ma, mb, mc, mh, mf, d * RW)
+            if yl + d < yw and y + d < TW:
+                ma, mb, mc, mh, mf = compose(ma, mb, mc, mh, mf, oa, ob, oc, oh, of)
+            d *= 2
+        gy = y // yw
+        if yl == 0:
+            write_map(agg, gy * RW + x, ma, mb, mc, mh, mf)
+        # Also orders this tile's writes of sh after every thread's reads of the last tile's.
+        cuda.syncthreads()
+        ng = (TW + yw - 1) // yw
+        gg = gy + 1
+        while gg < ng:
+            oa, ob, oc, oh, of = read_map(agg, gg * RW + x)
+            ma, mb, mc, mh, mf = compose(ma, mb, mc, mh, mf, oa, ob, oc, oh, of)
+            gg += 1
+        write_map(sh, y * RW + x, ma, mb, mc, mh, mf)
+        cuda.syncthreads()
 
     @cuda.jit(device=True)
     def start_state(lv, lv_s, opts, row, nseg):
@@ -418,6 +514,9 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
     def kernel(r, v, nv, term, trunc, mask, g, lm, lv, cu, out1, out2,
                g_s, l_s, lv_s, opts, R, T, nseg, RW, TW, pub, flg):
         sh = cuda.shared.array((NF, NSH), NBT)
+        sh_agg = cuda.shared.array((NF, NSH), NBT)
+        sh_tb1 = cuda.shared.array(TB_LEN, NBT)
+        sh_tb2 = cuda.shared.array(TB2_LEN, NBT)
         ok = cuda.local.array(K, np.bool_)
         rs = cuda.local.array(K, np.bool_)
         ea = cuda.local.array(K, NBT)
@@ -435,6 +534,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
         sh_ctl = cuda.shared.array(2, np.int64)
         x = cuda.threadIdx.x
         y = cuda.threadIdx.y
+        yw = warp_ys(RW, TW)
         zero = CAST(0)
         tile = TW * K
         ntiles = (T + tile - 1) // tile
@@ -458,7 +558,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
                     ma, mb, mc, mh, mf = fold(ok, ea, eb, ec, ev, rs, rv, rq)
                 else:
                     ma, mb, mc, mh, mf = CAST(1), zero, zero, False, zero
-                block_suffix_scan(sh, x, y, RW, TW, ma, mb, mc, mh, mf)
+                block_suffix_scan(sh, sh_agg, x, y, RW, TW, ma, mb, mc, mh, mf)
                 if y + 1 < TW:
                     xa, xb, xc, xh, xf = read_map(sh, (y + 1) * RW + x)
                     cA, cV = apply(xa, xb, xc, xh, xf, A, Vn)
@@ -466,8 +566,8 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
                     cA, cV = A, Vn
                 ta, tb, tc, th, tf = read_map(sh, x)
                 A, Vn = apply(ta, tb, tc, th, tf, A, Vn)
-                if live:
-                    emit(rr, u0, u1, T, ok, ea, eb, ec, ev, rs, rv, rq, cA, cV, out1, out2)
+                emit(rr, live, x, y, RW, yw, ti * tile, u0, u1, T, ok, ea, eb, ec, ev, rs, rv, rq,
+                     cA, cV, out1, out2, sh_tb1, sh_tb2)
                 ti -= 1
         else:
             if x == 0 and y == 0:
@@ -492,7 +592,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
                 ma, mb, mc, mh, mf = fold(ok, ea, eb, ec, ev, rs, rv, rq)
             else:
                 ma, mb, mc, mh, mf = CAST(1), zero, zero, False, zero
-            block_suffix_scan(sh, x, y, RW, TW, ma, mb, mc, mh, mf)
+            block_suffix_scan(sh, sh_agg, x, y, RW, TW, ma, mb, mc, mh, mf)
             # Publish this tile's map (row x), then look back cooperatively: the
             # TW threads of row x read TW flags of later tiles at once.
             need = live and c_rev > 0
@@ -611,6 +711,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
                 if y + 1 < TW:
                     xa, xb, xc, xh, xf = read_map(sh, (y + 1) * RW + x)
                     A, Vn = apply(xa, xb, xc, xh, xf, A, Vn)
-                emit(rr, u0, u1, T, ok, ea, eb, ec, ev, rs, rv, rq, A, Vn, out1, out2)
+            emit(rr, live, x, y, RW, yw, ti * tile, u0, u1, T, ok, ea, eb, ec, ev, rs, rv, rq,
+                 A, Vn, out1, out2, sh_tb1, sh_tb2)
 
     return kernel

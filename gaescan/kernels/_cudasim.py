@@ -1,0 +1,75 @@
+"""Warp shuffles for Numba's CUDA simulator, which has none.
+
+The CUDA kernels scan within a warp with ``cuda.shfl_down_sync``.  The
+simulator runs each thread of a block as a Python thread but provides no warp
+intrinsics; :func:`install` adds ``shfl_down_sync`` and ``syncwarp`` to its
+fake ``cuda`` module, so the simulator runs the very kernel code that runs on
+a GPU.
+
+A warp is the threads ``32w .. 32w+31`` of a block in linear thread order
+(``x`` fastest), as on hardware.  Every live lane of the warp must call the
+shuffle (the kernels always pass the full mask, and do); each lane posts its
+value, waits for the others at a barrier of the warp, reads its source lane's
+value and waits again before the slots are reused.  A source lane past the
+warp's last thread returns the caller's own value (on hardware the result is
+undefined there, and the kernels ignore it).
+"""
+
+from __future__ import annotations
+
+import threading
+
+_FULL_MASK = 0xFFFFFFFF
+_TIMEOUT_S = 120.0  # a lane that never arrives is a kernel bug: fail instead of hanging
+_lock = threading.Lock()
+
+
+class _Warp:
+    def __init__(self, lanes: int) -> None:
+        self.lanes = lanes
+        self.barrier = threading.Barrier(lanes, timeout=_TIMEOUT_S)
+        self.slots: list = [None] * lanes
+
+
+def _warp_of_current_thread() -> tuple[_Warp, int]:
+    th = threading.current_thread()
+    manager = th._manager  # the simulator's BlockManager: one per block
+    tid = th.thread_id
+    w, lane = divmod(tid, 32)
+    with _lock:
+        warps = manager.__dict__.setdefault("_gaescan_warps", {})
+        warp = warps.get(w)
+        if warp is None:
+            nthreads = 1
+            for n in manager._block_dim:
+                nthreads *= n
+            warp = warps[w] = _Warp(min(32, nthreads - 32 * w))
+    return warp, lane
+
+
+def _shfl_down_sync(self, mask, value, delta):
+    if mask != _FULL_MASK:
+        raise NotImplementedError("gaescan's simulator shuffles support the full mask only")
+    warp, lane = _warp_of_current_thread()
+    warp.slots[lane] = value
+    warp.barrier.wait()
+    src = lane + delta
+    got = warp.slots[src] if src < warp.lanes else value
+    warp.barrier.wait()
+    return got
+
+
+def _syncwarp(self, mask=_FULL_MASK):
+    if mask != _FULL_MASK:
+        raise NotImplementedError("gaescan's simulator warp barrier supports the full mask only")
+    warp, _ = _warp_of_current_thread()
+    warp.barrier.wait()
+
+
+def install() -> None:
+    """Give the simulator's fake ``cuda`` module the warp intrinsics it lacks."""
+    from numba.cuda.simulator import kernelapi
+
+    for name, fn in (("shfl_down_sync", _shfl_down_sync), ("syncwarp", _syncwarp)):
+        if not hasattr(kernelapi.FakeCUDAModule, name):
+            setattr(kernelapi.FakeCUDAModule, name, fn)
