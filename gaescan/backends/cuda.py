@@ -62,6 +62,11 @@ TUNABLES: dict[str, Any] = {
     # Use a block per row group (walking tiles) when there are at least this many
     # row groups; else split rows into tiles with the look-back.
     "rows_min_blocks": 1024,
+    # Experimental (GPU only; gpu-check compares both): launch the one compiled
+    # kernel directly, skipping Numba's per-call launch configuration, argument
+    # typing and stream conversion.  Also skips Numba's low-occupancy warning,
+    # which small problems (a few blocks, by design) otherwise trigger.
+    "direct_launch": False,
     # Tests only: most look-back tiles never publish their state, so later tiles
     # walk (and apply) long runs of published maps.  Results are unchanged.
     "debug_skip_incl": False,
@@ -217,8 +222,44 @@ class _Launch:
             kernel[grid, (RW, TW)](*args)
         else:
             kernel = _typed(kernel, key, args, int(get("min_blocks_per_sm")))
-            kernel[grid, (RW, TW), _stream(current_stream_ptr())](*args)
+            if get("direct_launch"):
+                _launch_direct(kernel, args, grid, (RW, TW), current_stream_ptr())
+            else:
+                kernel[grid, (RW, TW), _stream(current_stream_ptr())](*args)
         del keep
+
+
+_direct_kernels: dict[Any, Any] = {}
+_core_streams: dict[int, Any] = {}
+
+
+def _core_stream(ptr: int) -> Any:
+    """The stream object a compiled kernel's ``launch`` takes, cached per stream pointer."""
+    s = _core_streams.get(ptr)
+    if s is None:
+        from numba.cuda.cudadrv import driver
+
+        to_core = getattr(driver, "_to_core_stream", None)  # numba-cuda launching through cuda.core
+        s = _stream(ptr) if to_core is None else to_core(_stream(ptr))
+        if len(_core_streams) > 64:
+            _core_streams.clear()
+        _core_streams[ptr] = s
+    return s
+
+
+def _launch_direct(dispatcher: Any, args: tuple, grid: int, block: tuple[int, int], ptr: int) -> None:
+    """Launch the single compiled kernel of an explicit-signature dispatcher.
+
+    Same arguments, grid, block and stream as ``dispatcher[grid, block, stream](*args)``.
+    """
+    k = _direct_kernels.get(dispatcher)
+    if k is None:
+        compiled = list(dispatcher.overloads.values())
+        if len(compiled) != 1:
+            raise RuntimeError(f"direct_launch needs a kernel compiled for exactly one signature, "
+                               f"found {len(compiled)}; set the 'direct_launch' tunable to False")
+        k = _direct_kernels[dispatcher] = compiled[0]
+    k.launch(args, (grid, 1, 1), (block[0], block[1], 1), _core_stream(ptr), 0)
 
 
 _typed_cache: dict[tuple, Any] = {}

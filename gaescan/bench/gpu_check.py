@@ -523,6 +523,21 @@ def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool) -> None:
         return f"call returned after {host_ms:.2f} ms with {queued_ms:.1f} ms of work queued; stream still busy"
     check("no host synchronisation (queued work, streamQuery)", no_host_sync)
 
+    # The experimental direct launch (tunable "direct_launch"): same kernels, same stream.
+    from gaescan.backends import cuda as cb
+
+    def direct(case):
+        def run():
+            with cb.override(direct_launch=True):
+                return case()
+        return run
+    check("direct launch: gae many rows B=512 T=300 f32 dones", direct(gae_case((512, 300))))
+    check("direct launch: gae few long rows B=4 T=2^20 f32 dones (repeat)",
+          direct(gae_case((4, 2**20), repeat=True)))
+    check("direct launch: packed f32 mask lv[S]", direct(packed()))
+    check("direct launch: cupy non-default stream B=8 T=2^20", direct(cupy_stream))
+    check("direct launch: no host synchronisation", direct(no_host_sync))
+
 
 # --------------------------------------------------------------------------- timing
 
@@ -615,6 +630,16 @@ def benchmarks(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
                 f()
             row["host us/call"] = (time.perf_counter() - t) / k * 1e6
             cp.cuda.get_current_stream().synchronize()
+            from gaescan.backends import cuda as cb
+
+            with cb.override(direct_launch=True):
+                f()
+                cp.cuda.get_current_stream().synchronize()
+                t = time.perf_counter()
+                for _ in range(k):
+                    f()
+                row["host us direct"] = (time.perf_counter() - t) / k * 1e6
+            cp.cuda.get_current_stream().synchronize()
         rr, vv, dd = (x if axis == -1 else x.T for x in (r, v, d))
         if baselines is not None:  # serial loop on CuPy, capped and extrapolated
             Tc = min(T, 4096 if not quick else 1024)
@@ -661,9 +686,9 @@ def benchmarks(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
             return f"{x:10.3f}" if x < 1e4 else f"{x:10.0f}"
         return f"{x!s:>10}" if x is not None else f"{'-':>10}"
 
-    cols = ["gaescan ms", "GB/s", "copy ms", "copy GB/s", "frac", "host us/call", "serial ms",
-            "numpy-backend ms", "CxC chunk ms", "published chunk ms"]
-    heads = ["cuda ms", "GB/s", "copy ms", "copy GB/s", "frac", "host us", "serial ms",
+    cols = ["gaescan ms", "GB/s", "copy ms", "copy GB/s", "frac", "host us/call", "host us direct",
+            "serial ms", "numpy-backend ms", "CxC chunk ms", "published chunk ms"]
+    heads = ["cuda ms", "GB/s", "copy ms", "copy GB/s", "frac", "host us", "host direct", "serial ms",
              "numpy-bk ms", "CxC ms", "publ. ms"]
     print()
     print("GAE float32 with dones (17 bytes/step: 4 r + 4 V + 1 done read, 4 adv + 4 ret written).")
@@ -672,6 +697,8 @@ def benchmarks(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
     print("CxC chunk = local C=256 kernel-matmul chunk scan (constant gamma*lam, NO dones: not the same")
     print("problem, a speed reference).  published chunk = gaescan.bench.baselines.chunk_scan_gae (no dones).")
     print("numpy-bk = gaescan.gae(..., backend='numpy') on the same CuPy arrays (with dones).")
+    print("host us = host time per call of back-to-back small calls; host direct = the same with the")
+    print("experimental direct_launch tunable (no Numba launch configuration per call).")
     print(f"{'shape':<26s}" + "".join(f"{h:>11s}" for h in heads))
     for row in rows:
         print(f"{row['shape']:<26s}" + "".join(" " + fmt(row.get(c)) for c in cols))
@@ -748,21 +775,25 @@ def host_profile(cp: Any, gaescan: Any, calls: int = 300, top: int = 18) -> None
     def f():
         gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, out=(a0, r0), backend="cuda")
 
-    for _ in range(20):
-        f()
-    cp.cuda.get_current_stream().synchronize()
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(calls):
-        f()
-    prof.disable()
-    cp.cuda.get_current_stream().synchronize()
-    buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
-    print()
-    print(f"host profile: {calls} calls of gae(B=8, T=1024, dones, out=...) on the cuda backend "
-          "(cProfile adds its own overhead; compare the rows, not the total)")
-    print(buf.getvalue().rstrip())
+    from gaescan.backends import cuda as cb
+
+    for direct in (False, True):
+        with cb.override(direct_launch=direct):
+            for _ in range(20):
+                f()
+            cp.cuda.get_current_stream().synchronize()
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(calls):
+                f()
+            prof.disable()
+            cp.cuda.get_current_stream().synchronize()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+        print()
+        print(f"host profile (direct_launch={direct}): {calls} calls of gae(B=8, T=1024, dones, out=...) "
+              "on the cuda backend (cProfile adds its own overhead; compare the rows, not the total)")
+        print(buf.getvalue().rstrip())
 
 
 # --------------------------------------------------------------------------- main

@@ -7,8 +7,8 @@ fake ``cuda`` module, so the simulator runs the very kernel code that runs on
 a GPU.
 
 A warp is the threads ``32w .. 32w+31`` of a block in linear thread order
-(``x`` fastest), as on hardware.  Every live lane of the warp must call the
-shuffle (the kernels always pass the full mask, and do); each lane posts its
+(``x`` fastest), as on hardware.  Every lane of the warp must call the
+shuffle, with the mask of all the warp's lanes (as the kernels do); each lane posts its
 value, waits for the others at a barrier of the warp, reads its source lane's
 value and waits again before the slots are reused.  A source lane past the
 warp's last thread returns the caller's own value (on hardware the result is
@@ -47,10 +47,16 @@ def _warp_of_current_thread() -> tuple[_Warp, int]:
     return warp, lane
 
 
+def _check_mask(mask, warp: _Warp) -> None:
+    # The kernels name every lane the warp has: all 32, or the first n of a partial warp.
+    if int(mask) not in (_FULL_MASK, (1 << warp.lanes) - 1):
+        raise NotImplementedError(f"gaescan's simulator warp intrinsics need the mask of all the warp's "
+                                  f"{warp.lanes} lanes, got {int(mask):#x}")
+
+
 def _shfl_down_sync(self, mask, value, delta):
-    if mask != _FULL_MASK:
-        raise NotImplementedError("gaescan's simulator shuffles support the full mask only")
     warp, lane = _warp_of_current_thread()
+    _check_mask(mask, warp)
     warp.slots[lane] = value
     warp.barrier.wait()
     src = lane + delta
@@ -60,9 +66,8 @@ def _shfl_down_sync(self, mask, value, delta):
 
 
 def _syncwarp(self, mask=_FULL_MASK):
-    if mask != _FULL_MASK:
-        raise NotImplementedError("gaescan's simulator warp barrier supports the full mask only")
     warp, _ = _warp_of_current_thread()
+    _check_mask(mask, warp)
     warp.barrier.wait()
 
 

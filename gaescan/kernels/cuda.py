@@ -371,7 +371,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
         return i + i // 32
 
     @cuda.jit(device=True)
-    def emit(row, live, x, y, RW, yw, ut, u_lo, u_hi, T, ok, ea, eb, ec, ev, rs, rv, rq, A, Vn,
+    def emit(row, live, x, y, RW, yw, wmask, ut, u_lo, u_hi, T, ok, ea, eb, ec, ev, rs, rv, rq, A, Vn,
              out1, out2, tb1, tb2):
         """Run the staged steps concretely from state (A, Vn) and write the outputs.
 
@@ -411,7 +411,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
                         if two:
                             out2[row, t] = o2
         if yw > 1:
-            cuda.syncwarp(0xFFFFFFFF)
+            cuda.syncwarp(wmask)
             if live:
                 ug = ut + (y // yw) * (yw * K)  # first step of the yw threads' run
                 for i in range(K):
@@ -442,21 +442,29 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
         return sh[0, idx], zero, sh[1, idx], False, zero
 
     @cuda.jit(device=True)
-    def shfl_map(ma, mb, mc, mh, mf, delta):
+    def shfl_map(wmask, ma, mb, mc, mh, mf, delta):
         """The map of the lane ``delta`` above (every lane of the warp must call this)."""
-        full = 0xFFFFFFFF
-        oa = cuda.shfl_down_sync(full, ma, delta)
-        oc = cuda.shfl_down_sync(full, mc, delta)
+        oa = cuda.shfl_down_sync(wmask, ma, delta)
+        oc = cuda.shfl_down_sync(wmask, mc, delta)
         if USE_V:
-            ob = cuda.shfl_down_sync(full, mb, delta)
-            oh = cuda.shfl_down_sync(full, np.int32(1) if mh else np.int32(0), delta) != 0
-            of = cuda.shfl_down_sync(full, mf, delta)
+            ob = cuda.shfl_down_sync(wmask, mb, delta)
+            oh = cuda.shfl_down_sync(wmask, np.int32(1) if mh else np.int32(0), delta) != 0
+            of = cuda.shfl_down_sync(wmask, mf, delta)
         else:
             zero = CAST(0)
             ob = zero
             oh = False
             of = zero
         return oa, ob, oc, oh, of
+
+    @cuda.jit(device=True)
+    def warp_mask(x, y, RW, TW):
+        """The lanes of this thread's warp that exist (a block of fewer than 32
+        threads, e.g. for a very short row, has a partial warp)."""
+        n = RW * TW - ((x + y * RW) // 32) * 32
+        if n >= 32:
+            return np.uint32(0xFFFFFFFF)
+        return np.uint32((1 << n) - 1)
 
     @cuda.jit(device=True)
     def warp_ys(RW, TW):
@@ -480,9 +488,10 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
         """
         yw = warp_ys(RW, TW)
         yl = y % yw
+        wmask = warp_mask(x, y, RW, TW)
         d = 1
         while d < yw:
-            oa, ob, oc, oh, of = shfl_map(ma, mb, mc, mh, mf, d * RW)
+            oa, ob, oc, oh, of = shfl_map(wmask, ma, mb, mc, mh, mf, d * RW)
             if yl + d < yw and y + d < TW:
                 ma, mb, mc, mh, mf = compose(ma, mb, mc, mh, mf, oa, ob, oc, oh, of)
             d *= 2
@@ -535,6 +544,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
         x = cuda.threadIdx.x
         y = cuda.threadIdx.y
         yw = warp_ys(RW, TW)
+        wmask = warp_mask(x, y, RW, TW)
         zero = CAST(0)
         tile = TW * K
         ntiles = (T + tile - 1) // tile
@@ -566,7 +576,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
                     cA, cV = A, Vn
                 ta, tb, tc, th, tf = read_map(sh, x)
                 A, Vn = apply(ta, tb, tc, th, tf, A, Vn)
-                emit(rr, live, x, y, RW, yw, ti * tile, u0, u1, T, ok, ea, eb, ec, ev, rs, rv, rq,
+                emit(rr, live, x, y, RW, yw, wmask, ti * tile, u0, u1, T, ok, ea, eb, ec, ev, rs, rv, rq,
                      cA, cV, out1, out2, sh_tb1, sh_tb2)
                 ti -= 1
         else:
@@ -711,7 +721,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
                 if y + 1 < TW:
                     xa, xb, xc, xh, xf = read_map(sh, (y + 1) * RW + x)
                     A, Vn = apply(xa, xb, xc, xh, xf, A, Vn)
-            emit(rr, live, x, y, RW, yw, ti * tile, u0, u1, T, ok, ea, eb, ec, ev, rs, rv, rq,
+            emit(rr, live, x, y, RW, yw, wmask, ti * tile, u0, u1, T, ok, ea, eb, ec, ev, rs, rv, rq,
                  A, Vn, out1, out2, sh_tb1, sh_tb2)
 
     return kernel
