@@ -523,7 +523,6 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
     def kernel(r, v, nv, term, trunc, mask, g, lm, lv, cu, out1, out2,
                g_s, l_s, lv_s, opts, R, T, nseg, RW, TW, pub, flg):
         sh = cuda.shared.array((NF, NSH), NBT)
-        sh_agg = cuda.shared.array((NF, NSH), NBT)
         sh_tb1 = cuda.shared.array(TB_LEN, NBT)
         sh_tb2 = cuda.shared.array(TB2_LEN, NBT)
         ok = cuda.local.array(K, np.bool_)
@@ -537,6 +536,9 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
         sh_state = cuda.shared.array((2, NSH), NBT)
         sh_tk = cuda.shared.array(1, np.int64)
         sh_lb = cuda.shared.array((NF, NSH), NBT)
+        # The warps' aggregates of the block scan; the look-back's prefetch buffer is
+        # only written after the scan's last barrier (and several more), so they share.
+        sh_agg = sh_lb
         sh_fl = cuda.shared.array(NSH, np.int32)
         sh_base = cuda.shared.array(NSH, np.int64)
         sh_found = cuda.shared.array(NSH, np.int64)
