@@ -453,3 +453,7 @@ def test_explicit_signature_launch_path():
     assert adv.tobytes() == adv2.tobytes()
     # Contiguous and strided arguments share one typed dispatcher.
     assert len(cb._typed_cache) == n_before + 1
+    # Another input dtype is another signature.
+    adv3, _ = run_gae(tun, np.float64, r.astype(np.float32), v, g, 0.9, term=d, lv=0.5)
+    assert len(cb._typed_cache) == n_before + 2
+    close(adv3, gae_oracle(r.astype(np.float32), v, g, 0.9, term=d, lv=0.5)[0], np.float64)

@@ -266,11 +266,11 @@ _typed_cache: dict[tuple, Any] = {}
 _CT = kern.OPT_MASK | kern.OPT_PACKED
 
 
-def _arg_key(x: Any) -> Any:
-    dt = getattr(x, "dtype", None)
-    if dt is None:
-        return type(x)
-    return (dt.str, getattr(x, "ndim", 0), isinstance(x, np.generic))
+# The launch arguments start with the 12 problem arrays (r .. out2): their dtypes are
+# all a signature can vary in.  Every other argument's type is fixed by the key
+# (ndims per position, scalars of the output dtype or int64, pub of the output dtype,
+# flg int32).
+_N_ARRAYS = 12
 
 
 def _typed(kernel: Any, key: tuple, args: tuple, min_blocks: int = 0) -> Any:
@@ -282,7 +282,7 @@ def _typed(kernel: Any, key: tuple, args: tuple, min_blocks: int = 0) -> Any:
     ``min_blocks > 0`` compiles with launch bounds ``(threads, min_blocks)``
     (``threads`` = ``key[4]``, the largest block the kernel is launched with).
     """
-    full = key + (min_blocks,) + tuple(_arg_key(x) for x in args)
+    full = key + (min_blocks,) + tuple(x.dtype for x in args[:_N_ARRAYS])
     d = _typed_cache.get(full)
     if d is None:
         try:  # numba-cuda's own typeof (it knows device arrays and the CUDA array interface)
