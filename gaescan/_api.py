@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -9,8 +10,8 @@ import numpy as np
 
 from . import _dispatch
 from . import _validate as v
-from ._arrays import Context, any_dask, resolve
-from ._problem import GAEProblem, ReturnsProblem, ScanProblem
+from ._arrays import Context, any_dask, may_overlap, resolve
+from ._problem import GAEProblem, ReturnsProblem, Rows, ScanProblem
 
 __all__ = ["GAEResult", "gae", "discounted_returns", "linear_scan"]
 
@@ -46,6 +47,7 @@ def _computed_out(ctx: Context, out: Any, count: int) -> Any:
 
 _HOST_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _numba_cpu: Any = None
+_cuda: Any = None
 
 
 def _gae_host_fast(rewards: Any, values: Any, gamma: Any, lam: Any, dones: Any, mask: Any,
@@ -78,6 +80,83 @@ def _gae_host_fast(rewards: Any, values: Any, gamma: Any, lam: Any, dones: Any, 
     if _numba_cpu is None:
         _numba_cpu = _dispatch.load("numba")
     return GAEResult(*_numba_cpu.gae_host_fast(rewards, values, dones, mask, gamma, lam, last_value))
+
+
+def _gae_device_fast(rewards: Any, values: Any, gamma: Any, lam: Any, dones: Any, mask: Any,
+                     last_value: Any, out: Any, backend: str) -> Any:
+    """The commonest GPU call — C-contiguous CuPy float32/float64 arrays of one
+    dtype, shape and device, time last, 1-byte ``dones`` and ``mask`` or none,
+    Python-scalar γ, λ and ``last_value``, and ``out=`` (if given) two
+    C-contiguous arrays of the result's shape and dtype that overlap nothing —
+    checked in a few comparisons and sent straight to the ``"cuda"`` backend.
+    NumPy arrays with ``backend="cuda"`` take it as well under Numba's CUDA
+    simulator.  Returns ``None`` for anything else: the general path then
+    handles the call, and raises its errors.  Both paths launch the same kernel
+    with the same arguments."""
+    global _cuda
+    t = type(rewards)
+    if type(values) is not t:
+        return None
+    if t is np.ndarray:
+        if backend != "cuda" or not _dispatch.cuda_simulator():
+            return None
+        xp = np
+    elif t.__module__.partition(".")[0] == "cupy":
+        xp = sys.modules["cupy"]
+    else:
+        return None
+    dt = rewards.dtype
+    shape = rewards.shape
+    if (values.dtype != dt or dt not in _HOST_FLOATS or values.shape != shape or not shape
+            or not rewards.size or not rewards.flags.c_contiguous or not values.flags.c_contiguous):
+        return None
+    for c in (gamma, lam):
+        if (type(c) is not float and type(c) is not int) or not 0 <= c <= 1:
+            return None
+    if last_value is None:
+        last_value = 0.0
+    elif type(last_value) is not float and type(last_value) is not int:
+        return None
+    arrays = [rewards, values]
+    for f in (dones, mask):
+        if f is not None:
+            if (type(f) is not t or f.shape != shape or f.dtype.itemsize != 1 or f.dtype.kind not in "biu"
+                    or not f.flags.c_contiguous):
+                return None
+            arrays.append(f)
+    if out is not None:
+        if type(out) not in (tuple, list) or len(out) != 2:
+            return None
+        for o in out:
+            if (type(o) is not t or o.shape != shape or o.dtype != dt or not o.flags.c_contiguous
+                    or (xp is np and not o.flags.writeable)):
+                return None
+        if any(may_overlap(xp, o, x) for o in out for x in arrays) or may_overlap(xp, out[0], out[1]):
+            return None
+        adv, ret = out
+    if xp is not np:
+        dev = rewards.data.device_id
+        if any(x.data.device_id != dev for x in arrays[1:]) or (
+                out is not None and (adv.data.device_id != dev or ret.data.device_id != dev)):
+            return None
+    if out is None:
+        adv = xp.empty(shape, dtype=dt)
+        ret = xp.empty(shape, dtype=dt)
+    T = shape[-1]
+    R = rewards.size // T
+    cast = dt.type
+    p = GAEProblem(
+        rows=Rows(xp=xp, dtype=dt, R=R, T=T, cu_seqlens=None, nseg=R),
+        rewards=rewards.reshape(R, T), values=values.reshape(R, T), next_values=None,
+        terminated=None if dones is None else dones.reshape(R, T), truncated=None,
+        mask=None if mask is None else mask.reshape(R, T),
+        gamma=float(cast(gamma)), lam=float(cast(lam)), last_value=float(cast(last_value)),
+        advantages=adv.reshape(R, T), returns=ret.reshape(R, T),
+    )
+    if _cuda is None:
+        _cuda = _dispatch.load("cuda")
+    _cuda.gae(p)
+    return GAEResult(*out) if out is not None else GAEResult(adv, ret)
 
 
 def gae(
@@ -177,11 +256,15 @@ def gae(
     array([[ 0.5, -0.5,  0.5]])
     """
     if (next_values is None and last_advantage is None and terminated is None and truncated is None
-            and cu_seqlens is None and out is None and type(axis) is int and axis == -1
-            and (backend == "auto" or backend == "numba")):
-        fast = _gae_host_fast(rewards, values, gamma, lam, dones, mask, last_value)
-        if fast is not None:
-            return fast
+            and cu_seqlens is None and type(axis) is int and axis == -1):
+        if out is None and (backend == "auto" or backend == "numba"):
+            fast = _gae_host_fast(rewards, values, gamma, lam, dones, mask, last_value)
+            if fast is not None:
+                return fast
+        if backend == "auto" or backend == "cuda":
+            fast = _gae_device_fast(rewards, values, gamma, lam, dones, mask, last_value, out, backend)
+            if fast is not None:
+                return fast
     if any_dask(rewards, values, next_values, last_value, last_advantage, dones, terminated,
                 truncated, mask, gamma, lam, cu_seqlens, out):
         from .backends import dask as _dask

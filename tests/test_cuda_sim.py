@@ -408,6 +408,83 @@ def test_public_api_routes_here():
     close(y, scan_oracle(0.5, r, False), np.float32)
 
 
+def _general_path_only(monkeypatch):
+    import gaescan._api as api
+
+    monkeypatch.setattr(api, "_gae_device_fast", lambda *a, **k: None)
+
+
+@pytest.mark.parametrize("case", ["plain", "dones-u8-lv", "mask", "1-D", "3-D-out", "f64-int-coeffs"])
+def test_public_gae_lean_device_path_matches_general_path(case, monkeypatch):
+    # The lean path (CuPy on a GPU; NumPy with backend="cuda" here) must launch the same
+    # kernel with the same arguments as the general path: bit-identical results.
+    import gaescan
+    import gaescan._api as api
+
+    rng = np.random.default_rng(19)
+    shape = {"1-D": (45,), "3-D-out": (2, 2, 21)}.get(case, (3, 33))
+    dt = np.float64 if case == "f64-int-coeffs" else np.float32
+    r = rng.standard_normal(shape).astype(dt)
+    v = rng.standard_normal(shape).astype(dt)
+    kw = dict(gamma=1 if case == "f64-int-coeffs" else 0.97, lam=0.9)
+    if case != "plain":
+        kw["dones"] = rng.random(shape) < 0.1
+    if case == "dones-u8-lv":
+        kw["dones"] = kw["dones"].astype(np.uint8)
+        kw["last_value"] = 0.25
+    if case == "mask":
+        kw["mask"] = rng.random(shape) < 0.8
+    outs = []
+    for lean in (True, False):
+        if case == "3-D-out":
+            kw["out"] = (np.full(shape, np.nan, dt), np.full(shape, np.nan, dt))
+        calls = []
+        if lean:
+            real = api._gae_device_fast
+            monkeypatch.setattr(api, "_gae_device_fast",
+                                lambda *a, calls=calls, real=real: calls.append(1) or real(*a))
+        else:
+            _general_path_only(monkeypatch)
+        with cb.override(**ROWS):
+            res = gaescan.gae(r, v, backend="cuda", **kw)
+        assert calls == ([1] if lean else [])
+        if case == "3-D-out":
+            assert res.advantages is kw["out"][0] and res.returns is kw["out"][1]
+        outs.append(res)
+    (a1, r1), (a2, r2) = outs
+    assert a1.dtype == a2.dtype == dt and a1.shape == shape
+    assert a1.tobytes() == a2.tobytes() and r1.tobytes() == r2.tobytes()
+    R = int(np.prod(shape[:-1]))
+    want = gae_oracle(r.reshape(R, -1), v.reshape(R, -1), float(dt(kw["gamma"])), float(dt(kw["lam"])),
+                      term=None if "dones" not in kw else kw["dones"].reshape(R, -1),
+                      mask=None if "mask" not in kw else kw["mask"].reshape(R, -1),
+                      lv=float(dt(kw.get("last_value", 0.0))))[0]
+    close(a1.reshape(R, -1), want, dt)
+
+
+def test_public_gae_lean_device_path_leaves_doubtful_calls_to_the_general_path():
+    import gaescan
+    import gaescan._api as api
+
+    rng = np.random.default_rng(20)
+    r = rng.standard_normal((2, 10)).astype(np.float32)
+    v = rng.standard_normal((2, 10)).astype(np.float32)
+    fast = api._gae_device_fast
+    assert fast(r, v, 0.9, 0.9, None, None, None, None, "cuda") is not None
+    assert fast(r, v, 0.9, 0.9, None, None, None, None, "auto") is None  # host arrays: numba
+    assert fast(r, v, 1.5, 0.9, None, None, None, None, "cuda") is None  # gamma out of range
+    assert fast(r, v.astype(np.float64), 0.9, 0.9, None, None, None, None, "cuda") is None
+    assert fast(r.astype(np.float16), v.astype(np.float16), 0.9, 0.9, None, None, None, None, "cuda") is None
+    assert fast(r[:, ::2], v[:, ::2], 0.9, 0.9, None, None, None, None, "cuda") is None
+    assert fast(r, v, np.float32(0.9), 0.9, None, None, None, None, "cuda") is None
+    assert fast(r, v, 0.9, 0.9, r > 0, None, np.zeros(2), None, "cuda") is None
+    assert fast(r, v, 0.9, 0.9, (r > 0).astype(np.int32), None, None, None, "cuda") is None
+    # An out= that aliases an input is the general path's (it raises a clear error).
+    assert fast(r, v, 0.9, 0.9, None, None, None, (r, np.empty_like(r)), "cuda") is None
+    with pytest.raises(ValueError, match="overlaps the input"):
+        gaescan.gae(r, v, gamma=0.9, lam=0.9, out=(r, np.empty_like(r)), backend="cuda")
+
+
 # --------------------------------------------------------------------------- look-back walks
 
 
