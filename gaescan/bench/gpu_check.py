@@ -523,6 +523,23 @@ def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool) -> None:
         return f"call returned after {host_ms:.2f} ms with {queued_ms:.1f} ms of work queued; stream still busy"
     check("no host synchronisation (queued work, streamQuery)", no_host_sync)
 
+    # The lean path of the commonest call (C-contiguous CuPy, scalars) against the general path.
+    def lean_vs_general():
+        import gaescan._api as api
+
+        r, v, d = data((64, 5000))
+        a1, r1 = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, last_value=0.5, backend="cuda")
+        real = api._gae_device_fast
+        api._gae_device_fast = lambda *a: None
+        try:
+            a2, r2 = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, last_value=0.5, backend="cuda")
+        finally:
+            api._gae_device_fast = real
+        if not (_h(a1).tobytes() == _h(a2).tobytes() and _h(r1).tobytes() == _h(r2).tobytes()):
+            raise AssertionError("the lean and general paths differ")
+        return "bit-identical"
+    check("gae lean path == general path B=64 T=5000 f32 dones", lean_vs_general)
+
     # The experimental direct launch (tunable "direct_launch"): same kernels, same stream.
     from gaescan.backends import cuda as cb
 
