@@ -477,18 +477,17 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
         return yw
 
     @cuda.jit(device=True)
-    def block_suffix_scan(sh, agg, x, y, RW, TW, ma, mb, mc, mh, mf):
+    def block_suffix_scan(sh, agg, x, y, RW, TW, yw, wmask, ma, mb, mc, mh, mf):
         """Inclusive suffix scan over y of the threads' maps; leaves the results in sh.
 
         Thread ``(x, y)`` is lane ``(x + y*RW) % 32``: when ``RW`` divides 32, a
-        warp holds ``yw = 32/RW`` consecutive y of every row x, scanned with
-        shuffles (no barrier); the warps' aggregates then meet in shared memory,
-        each thread folding in those of the later warps in time order (a fixed
-        association: results do not depend on timing).  Two block barriers.
+        warp holds ``yw`` (``warp_ys``: 32/RW, at most TW) consecutive y of every
+        row x, scanned with shuffles (no barrier) over the lanes of ``wmask``;
+        the warps' aggregates then meet in shared memory, each thread folding in
+        those of the later warps in time order (a fixed association: results do
+        not depend on timing).  Two block barriers.
         """
-        yw = warp_ys(RW, TW)
         yl = y % yw
-        wmask = warp_mask(x, y, RW, TW)
         d = 1
         while d < yw:
             oa, ob, oc, oh, of = shfl_map(wmask, ma, mb, mc, mh, mf, d * RW)
@@ -570,7 +569,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
                     ma, mb, mc, mh, mf = fold(ok, ea, eb, ec, ev, rs, rv, rq)
                 else:
                     ma, mb, mc, mh, mf = CAST(1), zero, zero, False, zero
-                block_suffix_scan(sh, sh_agg, x, y, RW, TW, ma, mb, mc, mh, mf)
+                block_suffix_scan(sh, sh_agg, x, y, RW, TW, yw, wmask, ma, mb, mc, mh, mf)
                 if y + 1 < TW:
                     xa, xb, xc, xh, xf = read_map(sh, (y + 1) * RW + x)
                     cA, cV = apply(xa, xb, xc, xh, xf, A, Vn)
@@ -604,7 +603,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
                 ma, mb, mc, mh, mf = fold(ok, ea, eb, ec, ev, rs, rv, rq)
             else:
                 ma, mb, mc, mh, mf = CAST(1), zero, zero, False, zero
-            block_suffix_scan(sh, sh_agg, x, y, RW, TW, ma, mb, mc, mh, mf)
+            block_suffix_scan(sh, sh_agg, x, y, RW, TW, yw, wmask, ma, mb, mc, mh, mf)
             # Publish this tile's map (row x), then look back cooperatively: the
             # TW threads of row x read TW flags of later tiles at once.
             need = live and c_rev > 0
