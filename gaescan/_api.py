@@ -50,17 +50,13 @@ _numba_cpu: Any = None
 _cuda: Any = None
 
 
-def _gae_host_fast(rewards: Any, values: Any, gamma: Any, lam: Any, dones: Any, mask: Any,
-                   last_value: Any) -> Any:
-    """The commonest call — C-contiguous NumPy float32/float64 arrays of one
-    dtype and shape, time last, 1-byte ``dones`` and ``mask`` or none, Python-scalar γ, λ
-    and ``last_value`` — validated in a few comparisons and sent straight to
-    the Numba kernels.  Returns ``None`` for anything else (or anything
-    doubtful, such as a γ outside [0, 1]): the general path then handles the
-    call, and raises its errors.  Both paths run the same kernels."""
-    global _numba_cpu
-    if type(rewards) is not np.ndarray or type(values) is not np.ndarray:
-        return None
+def _lean_last_value(t: type, rewards: Any, values: Any, gamma: Any, lam: Any, dones: Any, mask: Any,
+                     last_value: Any) -> Any:
+    """The checks both lean paths share: ``rewards`` and ``values`` C-contiguous
+    float32/float64 arrays of one dtype and shape, flags of type ``t`` (1 byte,
+    C-contiguous) or none, Python-scalar γ, λ in [0, 1] and ``last_value``.
+    Returns ``last_value`` as a number (0.0 for ``None``), or ``None`` when the
+    call is not for a lean path."""
     dt = rewards.dtype
     shape = rewards.shape
     if (values.dtype != dt or dt not in _HOST_FLOATS or values.shape != shape or not shape
@@ -74,9 +70,26 @@ def _gae_host_fast(rewards: Any, values: Any, gamma: Any, lam: Any, dones: Any, 
     elif type(last_value) is not float and type(last_value) is not int:
         return None
     for f in (dones, mask):
-        if f is not None and (type(f) is not np.ndarray or f.shape != shape or f.dtype.itemsize != 1
+        if f is not None and (type(f) is not t or f.shape != shape or f.dtype.itemsize != 1
                               or f.dtype.kind not in "biu" or not f.flags.c_contiguous):
             return None
+    return last_value
+
+
+def _gae_host_fast(rewards: Any, values: Any, gamma: Any, lam: Any, dones: Any, mask: Any,
+                   last_value: Any) -> Any:
+    """The commonest call — C-contiguous NumPy float32/float64 arrays of one
+    dtype and shape, time last, 1-byte ``dones`` and ``mask`` or none, Python-scalar γ, λ
+    and ``last_value`` — validated in a few comparisons and sent straight to
+    the Numba kernels.  Returns ``None`` for anything else (or anything
+    doubtful, such as a γ outside [0, 1]): the general path then handles the
+    call, and raises its errors.  Both paths run the same kernels."""
+    global _numba_cpu
+    if type(rewards) is not np.ndarray or type(values) is not np.ndarray:
+        return None
+    last_value = _lean_last_value(np.ndarray, rewards, values, gamma, lam, dones, mask, last_value)
+    if last_value is None:
+        return None
     if _numba_cpu is None:
         _numba_cpu = _dispatch.load("numba")
     return GAEResult(*_numba_cpu.gae_host_fast(rewards, values, dones, mask, gamma, lam, last_value))
@@ -105,25 +118,12 @@ def _gae_device_fast(rewards: Any, values: Any, gamma: Any, lam: Any, dones: Any
         xp = sys.modules["cupy"]
     else:
         return None
+    last_value = _lean_last_value(t, rewards, values, gamma, lam, dones, mask, last_value)
+    if last_value is None:
+        return None
     dt = rewards.dtype
     shape = rewards.shape
-    if (values.dtype != dt or dt not in _HOST_FLOATS or values.shape != shape or not shape
-            or not rewards.size or not rewards.flags.c_contiguous or not values.flags.c_contiguous):
-        return None
-    for c in (gamma, lam):
-        if (type(c) is not float and type(c) is not int) or not 0 <= c <= 1:
-            return None
-    if last_value is None:
-        last_value = 0.0
-    elif type(last_value) is not float and type(last_value) is not int:
-        return None
-    arrays = [rewards, values]
-    for f in (dones, mask):
-        if f is not None:
-            if (type(f) is not t or f.shape != shape or f.dtype.itemsize != 1 or f.dtype.kind not in "biu"
-                    or not f.flags.c_contiguous):
-                return None
-            arrays.append(f)
+    arrays = [x for x in (rewards, values, dones, mask) if x is not None]
     if out is not None:
         if type(out) not in (tuple, list) or len(out) != 2:
             return None
