@@ -441,13 +441,16 @@ def test_public_gae_lean_device_path_matches_general_path(case, monkeypatch):
         calls = []
         if lean:
             real = api._gae_device_fast
-            monkeypatch.setattr(api, "_gae_device_fast",
-                                lambda *a, calls=calls, real=real: calls.append(1) or real(*a))
+            def spy(*a, calls=calls, real=real):
+                res = real(*a)
+                calls.append(res is not None)  # True: the lean path computed the call
+                return res
+            monkeypatch.setattr(api, "_gae_device_fast", spy)
         else:
             _general_path_only(monkeypatch)
         with cb.override(**ROWS):
             res = gaescan.gae(r, v, backend="cuda", **kw)
-        assert calls == ([1] if lean else [])
+        assert calls == ([True] if lean else [])
         if case == "3-D-out":
             assert res.advantages is kw["out"][0] and res.returns is kw["out"][1]
         outs.append(res)
