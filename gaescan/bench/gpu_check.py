@@ -574,6 +574,18 @@ def _events_ms(cp: Any, fn: Callable[[], Any], reps: int = 10, warm: int = 2) ->
     return statistics.median(times)
 
 
+def _host_us(cp: Any, fn: Callable[[], Any], calls: int = 200) -> float:
+    """Host time per call, in µs, of back-to-back calls (no sync in between)."""
+    fn()
+    cp.cuda.get_current_stream().synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    us = (time.perf_counter() - t) / calls * 1e6
+    cp.cuda.get_current_stream().synchronize()
+    return us
+
+
 def _local_chunk_scan(cp: Any, r: Any, v: Any, gamma: float, lam: float, C: int = 256) -> Any:
     """C x C kernel-matmul chunk scan, constant gamma*lam, no dones; carries by the same trick, recursively."""
     dt = r.dtype
@@ -639,24 +651,12 @@ def benchmarks(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
         row["copy ms"] = t_c
         row["copy GB/s"] = 2 * nbytes / t_c / 1e6
         row["frac"] = t_c / t_g
-        if B * T <= 2**20:  # host time per call, no sync in between (small problems are host-bound)
-            cp.cuda.get_current_stream().synchronize()
-            k = 200
-            t = time.perf_counter()
-            for _ in range(k):
-                f()
-            row["host us/call"] = (time.perf_counter() - t) / k * 1e6
-            cp.cuda.get_current_stream().synchronize()
+        if B * T <= 2**20:  # small problems are host-bound
             from gaescan.backends import cuda as cb
 
+            row["host us/call"] = _host_us(cp, f)
             with cb.override(direct_launch=True):
-                f()
-                cp.cuda.get_current_stream().synchronize()
-                t = time.perf_counter()
-                for _ in range(k):
-                    f()
-                row["host us direct"] = (time.perf_counter() - t) / k * 1e6
-            cp.cuda.get_current_stream().synchronize()
+                row["host us direct"] = _host_us(cp, f)
         rr, vv, dd = (x if axis == -1 else x.T for x in (r, v, d))
         if baselines is not None:  # serial loop on CuPy, capped and extrapolated
             Tc = min(T, 4096 if not quick else 1024)
@@ -738,7 +738,7 @@ def sweep(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
 
     settings = [dict(threads=128, k=8), dict(threads=128, k=4), dict(threads=256, k=8),
                 dict(threads=128, k=16), dict(threads=256, k=4), dict(threads=512, k=4),
-                # registers bounded for 6 blocks per SM (96 regs; ptxas may spill)
+                # registers bounded for 6 blocks per SM (at most 85; ptxas used 80 and spilled 302 B)
                 dict(threads=128, k=8, min_blocks_per_sm=6),
                 # a block per row walking its tiles (no look-back) instead of a block per tile
                 dict(threads=128, k=8, rows_min_blocks=1)]
