@@ -1,10 +1,13 @@
-"""Warp shuffles for Numba's CUDA simulator, which has none.
+"""Warp intrinsics and float bit casts for Numba's CUDA simulator, which has none.
 
-The CUDA kernels scan within a warp with ``cuda.shfl_down_sync``.  The
-simulator runs each thread of a block as a Python thread but provides no warp
-intrinsics; :func:`install` adds ``shfl_down_sync`` and ``syncwarp`` to its
-fake ``cuda`` module, so the simulator runs the very kernel code that runs on
-a GPU.
+The CUDA kernels scan within a warp with ``cuda.shfl_down_sync``, and the
+fast look-back polls with ``cuda.ballot_sync`` and broadcasts with
+``cuda.shfl_sync``.  The simulator runs each thread of a block as a Python
+thread but provides no warp intrinsics; :func:`install` adds those three and
+``syncwarp`` to its fake ``cuda`` module, so the simulator runs the very
+kernel code that runs on a GPU.  :func:`f32_bits` and :func:`bits_f32` stand
+in for libdevice's ``float_as_int`` / ``int_as_float`` (stubs in the
+simulator).
 
 A warp is the threads ``32w .. 32w+31`` of a block in linear thread order
 (``x`` fastest), as on hardware.  Every lane of the warp must call the
@@ -18,6 +21,8 @@ undefined there, and the kernels ignore it).
 from __future__ import annotations
 
 import threading
+
+import numpy as np
 
 _FULL_MASK = 0xFFFFFFFF
 _TIMEOUT_S = 120.0  # a lane that never arrives is a kernel bug: fail instead of hanging
@@ -65,6 +70,40 @@ def _shfl_down_sync(self, mask, value, delta):
     return got
 
 
+def _shfl_sync(self, mask, value, src_lane):
+    warp, lane = _warp_of_current_thread()
+    _check_mask(mask, warp)
+    warp.slots[lane] = value
+    warp.barrier.wait()
+    src = int(src_lane) % 32
+    got = warp.slots[src] if src < warp.lanes else value
+    warp.barrier.wait()
+    return got
+
+
+def _ballot_sync(self, mask, predicate):
+    warp, lane = _warp_of_current_thread()
+    _check_mask(mask, warp)
+    warp.slots[lane] = bool(predicate)
+    warp.barrier.wait()
+    bits = 0
+    for i in range(warp.lanes):
+        if warp.slots[i]:
+            bits |= 1 << i
+    warp.barrier.wait()
+    return np.uint32(bits)
+
+
+def f32_bits(x):
+    """The bits of a float32 as an int32 (libdevice ``float_as_int``)."""
+    return np.array(x, dtype=np.float32).view(np.int32)[()]
+
+
+def bits_f32(b):
+    """The float32 whose bits are the low 32 of ``b`` (libdevice ``int_as_float``)."""
+    return np.array(int(b) & 0xFFFFFFFF, dtype=np.uint32).view(np.float32)[()]
+
+
 def _syncwarp(self, mask=_FULL_MASK):
     warp, _ = _warp_of_current_thread()
     _check_mask(mask, warp)
@@ -75,6 +114,7 @@ def install() -> None:
     """Give the simulator's fake ``cuda`` module the warp intrinsics it lacks."""
     from numba.cuda.simulator import kernelapi
 
-    for name, fn in (("shfl_down_sync", _shfl_down_sync), ("syncwarp", _syncwarp)):
+    for name, fn in (("shfl_down_sync", _shfl_down_sync), ("shfl_sync", _shfl_sync),
+                     ("ballot_sync", _ballot_sync), ("syncwarp", _syncwarp)):
         if not hasattr(kernelapi.FakeCUDAModule, name):
             setattr(kernelapi.FakeCUDAModule, name, fn)
