@@ -537,3 +537,145 @@ def test_explicit_signature_launch_path():
     adv3, _ = run_gae(tun, np.float64, r.astype(np.float32), v, g, 0.9, term=d, lv=0.5)
     assert len(cb._typed_cache) == n_before + 2
     close(adv3, gae_oracle(r.astype(np.float32), v, g, 0.9, term=d, lv=0.5)[0], np.float64)
+
+
+# --------------------------------------------------------------------------- kernel variants
+
+# The compile-time variants behind the "prefetch" and "fast_lookback" tunables, each
+# against its baseline: the oracle's numbers, the baseline's bits, and the variant's
+# code actually compiled and launched.
+VARIANTS = [
+    ("prefetch", dict(ROWS, prefetch=True), ROWS, "OPT_PREFETCH"),
+    ("prefetch-2warps", dict(threads=64, k=1, rows_min_blocks=1, prefetch=True),
+     dict(threads=64, k=1, rows_min_blocks=1), "OPT_PREFETCH"),
+    ("fast", dict(LOOKBACK, fast_lookback=True), LOOKBACK, "OPT_FASTLB"),
+    ("fast-longwalk", dict(LONGWALK, fast_lookback=True), LONGWALK, "OPT_FASTLB"),
+    # 2 steps per tile and 4 threads: windows of 4 lanes, many rounds per look-back.
+    ("fast-tiny-warp", dict(LONGWALK, threads=4, fast_lookback=True), dict(LONGWALK, threads=4), "OPT_FASTLB"),
+    # 32 threads, 1 step each: warp 0 polls all the row's later tiles at once (lanes past tile 0).
+    ("fast-full-warp", dict(threads=32, k=1, rows_min_blocks=10**9, fast_lookback=True),
+     dict(threads=32, k=1, rows_min_blocks=10**9), "OPT_FASTLB"),
+]
+
+
+def _problem(name, rng):
+    """(call, oracle) for one float32 problem; ``call(tun)`` returns the outputs."""
+    R, T = 2, 72
+    f = np.float32
+    r, v = rng.standard_normal((R, T)).astype(f), rng.standard_normal((R, T)).astype(f)
+    d = rng.random((R, T)) < 0.05
+    g, lam = float(f(0.97)), float(f(0.9))
+    if name == "gae-dones":
+        lv = rng.standard_normal(R).astype(f)
+        return (lambda tun: run_gae(tun, f, r, v, g, lam, term=d, lv=lv),
+                lambda: gae_oracle(r, v, g, lam, term=d, lv=lv))
+    if name == "gae-f16-nan-after-done":
+        r16, v16 = r.astype(np.float16), v.astype(np.float16)
+        dd = np.zeros((R, T), bool)
+        dd[:, 30] = True
+        r16[:, 50] = np.nan  # after the done: the episode up to step 100 stays finite
+        return (lambda tun: run_gae(tun, f, r16, v16, 1.0, 1.0, term=dd),
+                lambda: gae_oracle(r16.astype(np.float64), v16.astype(np.float64), 1.0, 1.0, term=dd))
+    if name == "gae-next-values":
+        nv = rng.standard_normal((R, T)).astype(f)
+        tr = rng.random((R, T)) < 0.05
+        return (lambda tun: run_gae(tun, f, r, v, g, lam, nv=nv, term=d, trunc=tr),
+                lambda: gae_oracle(r, v, g, lam, nv=nv, term=d, trunc=tr))
+    if name == "gae-packed":
+        cu = np.array([0, 0, 3, 50, 51, 120, 120, 144], dtype=np.int64)
+        rp, vp = r.reshape(1, -1), v.reshape(1, -1)
+        dp = d.reshape(1, -1)
+        lv = rng.standard_normal(len(cu) - 1).astype(f)
+        return (lambda tun: run_gae(tun, f, rp, vp, g, lam, term=dp, lv=lv, cu=cu),
+                lambda: gae_oracle(rp, vp, g, lam, term=dp, lv=lv, cu=cu))
+    if name == "returns-mask":
+        m = rng.random((R, T)) < 0.8
+
+        def call(tun):
+            out = np.full((R, T), np.nan, dtype=f)
+            p = ReturnsProblem(rows=rows_of(f, R, T), rewards=r, dones=d, mask=m, gamma=g,
+                               last_value=0.5, returns=out)
+            with cb.override(**tun):
+                cb.discounted_returns(p)
+            return (out,)
+        return call, lambda: (returns_oracle(r, g, dones=d, mask=m, lv=0.5),)
+    if name.startswith("scan"):
+        reverse = name == "scan-reverse"
+        a = rng.uniform(-1.05, 1.05, (R, T)).astype(f)
+
+        def call(tun):
+            out = np.full((R, T), np.nan, dtype=f)
+            p = ScanProblem(rows=rows_of(f, R, T), a=a, b=r, reverse=reverse, initial=1.5, out=out)
+            with cb.override(**tun):
+                cb.linear_scan(p)
+            return (out,)
+        return call, lambda: (scan_oracle(a, r, reverse, 1.5),)
+    raise AssertionError(name)
+
+
+VARIANT_PROBLEMS = ["gae-dones", "gae-f16-nan-after-done", "gae-next-values", "gae-packed", "returns-mask",
+                    "scan-forward", "scan-reverse"]
+
+
+# Every problem on the two main variants; the geometry-stressing ones (the simulator
+# is slow with them) on the problems that differ in the look-back's words or rows.
+_SOME = {"prefetch-2warps": ["gae-dones", "gae-packed"],
+         "fast-longwalk": ["gae-dones", "gae-packed", "returns-mask"],
+         "fast-tiny-warp": ["gae-dones", "scan-forward"],
+         "fast-full-warp": ["gae-next-values", "gae-packed"]}
+VARIANT_CASES = [(v, p) for v in VARIANTS for p in _SOME.get(v[0], VARIANT_PROBLEMS)]
+
+
+@pytest.mark.parametrize("variant,problem", VARIANT_CASES, ids=[f"{v[0]}-{p}" for v, p in VARIANT_CASES])
+def test_kernel_variant(variant, problem, monkeypatch):
+    from gaescan.kernels import cuda as kern
+
+    _, tun, base, bit = variant
+    launched = []
+    real = kern.get_kernel
+
+    def spy(kind, mode, fwd, dtype, nsh, k, opts=0):
+        launched.append(opts)
+        return real(kind, mode, fwd, dtype, nsh, k, opts)
+
+    monkeypatch.setattr(kern, "get_kernel", spy)
+    call, oracle = _problem(problem, np.random.default_rng(VARIANT_PROBLEMS.index(problem)))
+    got = call(tun)
+    assert launched and all(o & getattr(kern, bit) for o in launched), "the variant was not compiled in"
+    launched.clear()
+    want = call(base)
+    assert launched and not any(o & kern.CT_BITS & ~(kern.OPT_MASK | kern.OPT_PACKED) for o in launched)
+    for x, w, e in zip(got, want, oracle(), strict=True):
+        close(x, e, np.float32)
+        assert x.tobytes() == w.tobytes(), "the variant changed the bits"
+    if problem == "gae-f16-nan-after-done":
+        assert np.all(np.isfinite(got[0][:, :31]))
+
+
+@pytest.mark.parametrize("case", ["masked-gae", "float64", "time-major", "one-tile-rows"])
+def test_kernel_variants_only_where_they_apply(case, monkeypatch):
+    # The fast look-back needs float32 and (alpha, c) maps in one-row blocks; the
+    # prefetch needs a second tile.  Elsewhere the tunables change nothing.
+    from gaescan.kernels import cuda as kern
+
+    launched = []
+    real = kern.get_kernel
+
+    def spy(kind, mode, fwd, dtype, nsh, k, opts=0):
+        launched.append(opts)
+        return real(kind, mode, fwd, dtype, nsh, k, opts)
+
+    monkeypatch.setattr(kern, "get_kernel", spy)
+    rng = np.random.default_rng(21)
+    R, T = 3, 40
+    tun = dict(LOOKBACK, fast_lookback=True, prefetch=True)
+    dt = np.float64 if case == "float64" else np.float32
+    r, v = rng.standard_normal((R, T)).astype(dt), rng.standard_normal((R, T)).astype(dt)
+    m = rng.random((R, T)) < 0.8 if case == "masked-gae" else None
+    if case == "time-major":
+        r, v = np.ascontiguousarray(r.T).T, np.ascontiguousarray(v.T).T
+    if case == "one-tile-rows":
+        tun = dict(ROWS, k=8, fast_lookback=True, prefetch=True)  # 8 threads x 8 steps > T
+    adv, _ = run_gae(tun, dt, r, v, 0.9, 0.8, mask=m)
+    close(adv, gae_oracle(r, v, float(dt(0.9)), float(dt(0.8)), mask=m)[0], dt)
+    assert launched and not any(o & (kern.OPT_FASTLB | kern.OPT_PREFETCH) for o in launched)

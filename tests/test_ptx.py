@@ -111,7 +111,7 @@ def _sig(kind, out, inp, flag, coeff=None):
         term = trunc = mask = b2
         g, lm, out2 = _arr(coeff, 2), d2, d2
     return (r, v, nv, term, trunc, mask, g, lm, d1, _arr(np.int64, 1), d2, out2,
-            o, o, o, i64, i64, i64, i64, i64, i64, d1, _arr(np.int32, 1))
+            o, o, o, i64, i64, i64, i64, i64, i64, d1, _arr(np.int32, 1), _arr(np.uint64, 1))
 
 
 def _cases():
@@ -139,6 +139,22 @@ def _cases():
                         kern.GAE_V, mode, False, np.float32, np.float32, flag, None, M))
     out.append(("gae-lookback-float64<-float32-coeff_f32", kern.GAE_V, kern.MODE_LOOKBACK, False,
                 np.float64, np.float32, np.bool_, np.float32, 0))
+    # The compile-time variants: rows with the next tile prefetched, the fence-free look-back.
+    PF, FL = kern.OPT_PREFETCH, kern.OPT_FASTLB
+    for kname, kind, fwd in kinds:
+        for i in (np.float32, np.float16):
+            out.append((f"{kname}-rows-prefetch-float32<-{np.dtype(i).name}",
+                        kind, kern.MODE_ROWS, fwd, np.float32, i, np.bool_, None, PF))
+            out.append((f"{kname}-lookback-fast-float32<-{np.dtype(i).name}",
+                        kind, kern.MODE_LOOKBACK, fwd, np.float32, i, np.bool_, None, FL))
+    out.append(("gae-rows-prefetch-float64<-float64", kern.GAE_V, kern.MODE_ROWS, False,
+                np.float64, np.float64, np.bool_, None, PF))
+    out.append(("gae-rows-prefetch-float32<-float32-mask+packed", kern.GAE_V, kern.MODE_ROWS, False,
+                np.float32, np.float32, np.bool_, None, PF | M | P))
+    out.append(("gae-lookback-fast-float32<-float32-packed", kern.GAE_V, kern.MODE_LOOKBACK, False,
+                np.float32, np.float32, np.bool_, None, FL | P))
+    out.append(("returns-lookback-fast-float32<-float32-mask+packed", kern.RET, kern.MODE_LOOKBACK, False,
+                np.float32, np.float32, np.bool_, None, FL | M | P))
     return out
 
 
@@ -175,11 +191,19 @@ def test_kernel_compiles_without_spills(toolchain, case, cc):
     key = (kind, mode, bool(fwd), np.dtype(out).str, nsh, kk, ct, cc)
     k = _BUILT.get(key)
     if k is None:
-        k = _BUILT[key] = kern._build(kind, mode, bool(fwd), np.dtype(out), nsh, kk,
-                                      ct & (kern.OPT_MASK | kern.OPT_PACKED))
+        k = _BUILT[key] = kern._build(kind, mode, bool(fwd), np.dtype(out), nsh, kk, ct & kern.CT_BITS)
     ptx, _ = cuda.compile_ptx(k.py_func, _sig(kind, out, inp, flag, coeff), cc=cc)
-    for op in ("bar.sync",) if mode == kern.MODE_ROWS else ("bar.sync", "atom.global", "membar.gl"):
+    if mode == kern.MODE_ROWS:
+        need, absent = ("bar.sync",), ("atom.global",)
+    elif ct & kern.OPT_FASTLB:
+        # Flags and values travel together in 64-bit atomics: no fence at all.
+        need, absent = ("bar.sync", "exch.b64", "vote.sync.ballot", "shfl.sync.idx"), ("membar", "fence.")
+    else:
+        need, absent = ("bar.sync", "atom.global", "membar.gl"), ()
+    for op in need:
         assert op in ptx, f"{op} missing from the PTX of {name}"
+    for op in absent:
+        assert op not in ptx, f"{op} in the PTX of {name}"
     info = _ptxas_info(ptx, cc)
     regs = [int(x) for x in re.findall(r"Used (\d+) registers", info)]
     smem = [int(x) for x in re.findall(r"(\d+) bytes smem", info)]

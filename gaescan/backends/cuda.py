@@ -62,6 +62,14 @@ TUNABLES: dict[str, Any] = {
     # Use a block per row group (walking tiles) when there are at least this many
     # row groups; else split rows into tiles with the look-back.
     "rows_min_blocks": 1024,
+    # Experimental until measured on a GPU (gpu-check compares both ways of each):
+    # MODE_ROWS blocks issue the loads of their next tile before scanning this one,
+    # so a block always has loads in flight (costs the registers of a second tile).
+    "prefetch": False,
+    # MODE_LOOKBACK with one row per block, float32 outputs and (alpha, c) maps (all
+    # but masked GAE): flags and values share 64-bit words written atomically, so
+    # publishing needs no memory fence, and one warp polls 32 tiles per round.
+    "fast_lookback": False,
     # Experimental (GPU only; gpu-check compares both): launch the one compiled
     # kernel directly, skipping Numba's per-call launch configuration, argument
     # typing and stream conversion.  Also skips Numba's low-occupancy warning,
@@ -190,30 +198,41 @@ class _Launch:
         RW, TW, K, mode, nchunks = self.geometry()
         if get("debug_skip_incl"):
             opts |= kern.OPT_DEBUG_SKIP
+        if mode == kern.MODE_ROWS and nchunks > 1 and get("prefetch"):
+            opts |= kern.OPT_PREFETCH
+        fast = (mode == kern.MODE_LOOKBACK and RW == 1 and self.dtype == np.float32
+                and not (kind == kern.GAE_V and opts & kern.OPT_MASK) and get("fast_lookback"))
+        if fast:
+            opts |= kern.OPT_FASTLB
         nsh = int(get("threads"))
         kernel = kern.get_kernel(kind, mode, fwd, self.dtype, nsh, K, opts)
         ngroups = -(-self.R // RW)
         dt = self.dtype
+        pub, flg = _dummy(self.dev, dt, 1), _dummy(self.dev, np.int32, 1)
+        lbw = _dummy(self.dev, np.uint64, 1)
+        keep = ()
+        grid = ngroups
         if mode == kern.MODE_LOOKBACK:
-            _, grec = kern.group_record(dt.itemsize, RW)
             xp = self.xp
+            grid = ngroups * nchunks
             # Stream-ordered: the zero fill is queued on the current stream before the kernel.
             # The buffers stay referenced (``keep``) until the launch is queued; after
             # that, CuPy's pool only hands them out again in this stream's order.
-            keep = (xp.empty(nchunks * ngroups * grec, dtype=dt),
-                    xp.zeros(nchunks * self.R + 1, dtype=np.int32))
-            pub, flg = self.arr(keep[0], dt, 1), self.arr(keep[1], np.int32, 1)
-            grid = ngroups * nchunks
-        else:
-            pub, flg = _dummy(self.dev, dt, 1), _dummy(self.dev, np.int32, 1)
-            keep = ()
-            grid = ngroups
+            if fast:
+                # The ticket counter, then 3 words per (tile, row): see kernels.cuda.fast_lookback.
+                keep = (xp.zeros(1 + 3 * nchunks * self.R, dtype=np.uint64),)
+                lbw = self.arr(keep[0], np.uint64, 1)
+            else:
+                _, grec = kern.group_record(dt.itemsize, RW)
+                keep = (xp.empty(nchunks * ngroups * grec, dtype=dt),
+                        xp.zeros(nchunks * self.R + 1, dtype=np.int32))
+                pub, flg = self.arr(keep[0], dt, 1), self.arr(keep[1], np.int32, 1)
         args = (
             a["r"], a["v"], a["nv"], a["term"], a["trunc"], a["mask"], a["g"], a["l"], a["lv"],
             a["cu"], a["out1"], a["out2"],
             self.cast(g_s), self.cast(l_s), self.cast(lv_s), np.int64(opts),
             np.int64(self.R), np.int64(self.T), np.int64(self.nseg),
-            np.int64(RW), np.int64(TW), pub, flg,
+            np.int64(RW), np.int64(TW), pub, flg, lbw,
         )
         key = (kind, mode, fwd, dt.str, nsh, K, opts & _CT)
         if self.sim:
@@ -263,13 +282,13 @@ def _launch_direct(dispatcher: Any, args: tuple, grid: int, block: tuple[int, in
 
 
 _typed_cache: dict[tuple, Any] = {}
-_CT = kern.OPT_MASK | kern.OPT_PACKED
+_CT = kern.CT_BITS
 
 
 # The launch arguments start with the 12 problem arrays (r .. out2): their dtypes are
 # all a signature can vary in.  Every other argument's type is fixed by the key
 # (ndims per position, scalars of the output dtype or int64, pub of the output dtype,
-# flg int32).
+# flg int32, lbw uint64).
 _N_ARRAYS = 12
 
 

@@ -60,6 +60,21 @@ Two drivers share the tile code:
   floating-point operations however far the look-back went: results are
   bit-identical run after run (the look-back only changes who does the work).
 
+Two compile-time variants (tunables ``prefetch`` and ``fast_lookback`` of the
+backend; both give the default kernels' bits):
+
+* ``OPT_PREFETCH`` — in ``MODE_ROWS`` a thread issues the loads of its steps
+  in the *next* tile before this tile's scan, so the block's loads are in
+  flight while it scans (a few blocks per SM must otherwise wait out the
+  memory latency once per tile).
+* ``OPT_FASTLB`` — the look-back of one-row blocks with float32 (alpha, c)
+  maps: a tile's record is three 64-bit words (alpha, c, state), each holding
+  a flag in its high half and a float32 in its low half, written with one
+  atomic exchange and read with atomics.  A flag can never be seen without
+  its value, so no memory fence is needed; warp 0 polls 32 tiles per round
+  (``ballot_sync``) and hands the maps out with ``shfl_sync``, with one
+  block barrier after the look-back instead of several per round.
+
 Look-back records (one per tile and row group, see :func:`group_record`) keep
 the maps and the states of the group's rows in separate 128-byte-aligned
 sections; each section is fully written (then ``threadfence`` and a block
@@ -84,6 +99,10 @@ if SIMULATOR:
     from . import _cudasim
 
     _cudasim.install()
+    f32_bits, bits_f32 = _cudasim.f32_bits, _cudasim.bits_f32
+else:
+    from numba.cuda.libdevice import float_as_int as f32_bits
+    from numba.cuda.libdevice import int_as_float as bits_f32
 
 # Problem kinds (compile-time constants of a kernel).
 GAE_V = 0  # GAE, bootstrap from the value at the next unmasked position
@@ -104,6 +123,11 @@ OPT_LVARR = 32
 OPT_PACKED = 64
 OPT_DEBUG_SKIP = 128  # tests only: most tiles never publish their state (longer look-backs)
 OPT_LAARR = 256  # GAE: lv[nseg + s] holds last_advantage (A past sequence s), else 0
+# Compile-time variants (tunables "prefetch" and "fast_lookback"; see the backend).
+OPT_PREFETCH = 512  # MODE_ROWS: the next tile's loads are issued before this tile is scanned
+OPT_FASTLB = 1024  # MODE_LOOKBACK, float32, (alpha, c) maps, one row per block: fence-free words
+#: The option bits that select a compiled kernel (the others are runtime switches).
+CT_BITS = OPT_MASK | OPT_PACKED | OPT_PREFETCH | OPT_FASTLB
 
 FLAG_AGG = 1
 FLAG_INCL = 2
@@ -129,10 +153,11 @@ _CACHE: dict = {}
 def get_kernel(kind: int, mode: int, fwd: bool, dtype: np.dtype, nsh: int, k: int, opts: int = 0):
     """The (lazily compiled) kernel for a problem kind, driver mode and output dtype.
 
-    Of the option bits, ``OPT_MASK`` and ``OPT_PACKED`` are compile-time (they
-    cost registers when compiled in); the others are runtime switches.
+    Of the option bits, those in :data:`CT_BITS` are compile-time (a mask or
+    packed rows cost registers when compiled in; the prefetch and the fast
+    look-back are other code); the others are runtime switches.
     """
-    ct = opts & (OPT_MASK | OPT_PACKED)
+    ct = opts & CT_BITS
     key = (kind, mode, bool(fwd), np.dtype(dtype).str, nsh, k, ct)
     kern = _CACHE.get(key)
     if kern is None:
@@ -154,6 +179,11 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
     NF = 5 if USE_V else 2
     LINE = 128 // dtype.itemsize
     LOOKBACK = MODE == MODE_LOOKBACK
+    PREFETCH = bool(CT & OPT_PREFETCH) and not LOOKBACK
+    FASTLB = bool(CT & OPT_FASTLB) and LOOKBACK
+    if FASTLB and (USE_V or dtype != np.float32):
+        raise ValueError("the fast look-back packs a float32 and a flag in one 64-bit word: "
+                         "float32 outputs and (alpha, c) maps only (not masked GAE)")
     # Output staging for coalesced stores (see emit): NSH*K slots plus padding.
     TB_LEN = NSH * K + (NSH * K) // 32 + 1
     TB2_LEN = TB_LEN if KIND in (GAE_V, GAE_NEXT) else 1
@@ -509,6 +539,94 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
         cuda.syncthreads()
 
     @cuda.jit(device=True)
+    def lb_word(j, R, rr, f):
+        # Word f of the fast look-back record of tile j (scan order) of row rr;
+        # word 0 is the ticket counter.  f = 0: alpha, 1: c (FLAG_AGG), 2: state (FLAG_INCL).
+        return 1 + 3 * (j * R + rr) + f
+
+    @cuda.jit(device=True)
+    def lb_pack(flag, val):
+        return (np.uint64(flag) << np.uint64(32)) | (np.uint64(f32_bits(val)) & np.uint64(0xFFFFFFFF))
+
+    @cuda.jit(device=True)
+    def lb_flag(w):
+        return w >> np.uint64(32)
+
+    @cuda.jit(device=True)
+    def lb_value(w):
+        return bits_f32(np.int32(w & np.uint64(0xFFFFFFFF)))
+
+    @cuda.jit(device=True)
+    def lb_read(lbw, i):
+        # An L2 read (never a stale L1 line) of one whole word.
+        return cuda.atomic.add(lbw, i, np.uint64(0))
+
+    @cuda.jit(device=True)
+    def lowest_lane(m):
+        # The lowest lane set in a ballot; 32 when none is.
+        return np.int64(cuda.clz(cuda.brev(np.uint32(m))))
+
+    @cuda.jit(device=True)
+    def fast_lookback(lbw, y, TW, R, rr, c_rev):
+        """The state entering tile ``c_rev`` (scan order) of row ``rr``, by warp 0 of a one-row block.
+
+        Each record word holds a flag and a float32 together, so one atomic
+        write publishes both: no fence, and a reader sees a value only with
+        its flag.  The warp polls 32 later tiles at once and finds the
+        nearest one whose state is published with only published maps in
+        between; it then applies those maps one by one, in time order (each
+        lane reads one, a shuffle hands them out), as the general look-back
+        does: the same floating-point operations, so the same bits.
+        """
+        zero = CAST(0)
+        wm = warp_mask(0, y, 1, TW)
+        wl = TW if TW < 32 else 32
+        jb = c_rev - 1  # the latest tile not yet known to hold a map
+        found = np.int64(0)
+        searching = True
+        while searching:
+            j = jb - y
+            st = 0
+            if j < 0:
+                st = FLAG_INCL  # never the nearest: tile 0 publishes a state, never a map
+            else:
+                if lb_flag(lb_read(lbw, lb_word(j, R, rr, 2))) == np.uint64(FLAG_INCL):
+                    st = FLAG_INCL
+                elif (lb_flag(lb_read(lbw, lb_word(j, R, rr, 0))) == np.uint64(FLAG_AGG)
+                      and lb_flag(lb_read(lbw, lb_word(j, R, rr, 1))) == np.uint64(FLAG_AGG)):
+                    st = FLAG_AGG
+            fi = lowest_lane(cuda.ballot_sync(wm, st == FLAG_INCL))
+            fn = lowest_lane(cuda.ballot_sync(wm, st == 0))
+            if fi < fn:
+                found = jb - fi
+                searching = False
+            elif fn < 32:
+                jb -= fn  # maps up to there: poll again from the first unpublished tile
+            else:
+                jb -= wl
+        A = lb_value(lb_read(lbw, lb_word(found, R, rr, 2)))
+        Vn = zero
+        j0 = found + 1
+        while j0 < c_rev:
+            j = j0 + y
+            la = CAST(1)
+            lc = zero
+            if j < c_rev:
+                la = lb_value(lb_read(lbw, lb_word(j, R, rr, 0)))
+                lc = lb_value(lb_read(lbw, lb_word(j, R, rr, 1)))
+            n = c_rev - j0
+            if n > wl:
+                n = wl
+            i = 0
+            while i < n:
+                ia = cuda.shfl_sync(wm, la, i)
+                ic = cuda.shfl_sync(wm, lc, i)
+                A, Vn = apply(ia, zero, ic, False, zero, A, Vn)
+                i += 1
+            j0 += n
+        return A, Vn
+
+    @cuda.jit(device=True)
     def start_state(lv, lv_s, opts, row, nseg):
         zero = CAST(0)
         if PACKED:
@@ -518,9 +636,20 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
             return carry_in(lv, opts, row, nseg), bv
         return bv, zero
 
+    @cuda.jit(device=True)
+    def span(ti, y, tile, T):
+        # Thread y's steps [u0, u1) of tile ti.
+        u0 = ti * tile + y * K
+        u1 = u0 + K
+        if u1 > T:
+            u1 = T
+        if u0 > T:
+            u0 = T
+        return u0, u1
+
     @cuda.jit
     def kernel(r, v, nv, term, trunc, mask, g, lm, lv, cu, out1, out2,
-               g_s, l_s, lv_s, opts, R, T, nseg, RW, TW, pub, flg):
+               g_s, l_s, lv_s, opts, R, T, nseg, RW, TW, pub, flg, lbw):
         sh = cuda.shared.array((NF, NSH), NBT)
         sh_tb1 = cuda.shared.array(TB_LEN, NBT)
         sh_tb2 = cuda.shared.array(TB2_LEN, NBT)
@@ -532,6 +661,15 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
         ev = cuda.local.array(K, NBT)
         rv = cuda.local.array(K, NBT)
         rq = cuda.local.array(K, NBT)
+        # PREFETCH: the next tile's staged steps (loads in flight during this tile's scan).
+        pok = cuda.local.array(K, np.bool_)
+        prs = cuda.local.array(K, np.bool_)
+        pea = cuda.local.array(K, NBT)
+        peb = cuda.local.array(K, NBT)
+        pec = cuda.local.array(K, NBT)
+        pev = cuda.local.array(K, NBT)
+        prv = cuda.local.array(K, NBT)
+        prq = cuda.local.array(K, NBT)
         sh_state = cuda.shared.array((2, NSH), NBT)
         sh_tk = cuda.shared.array(1, np.int64)
         sh_lb = cuda.shared.array((NF, NSH), NBT)
@@ -556,16 +694,32 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
             rr = row if live else 0
             A, Vn = start_state(lv, lv_s, opts, rr, nseg)
             ti = ntiles - 1
+            if PREFETCH and live:
+                u0, u1 = span(ti, y, tile, T)
+                load(rr, u0, u1, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
+                     lv, lv_s, cu, nseg, pok, pea, peb, pec, pev, prs, prv, prq)
             while ti >= 0:
-                u0 = ti * tile + y * K
-                u1 = u0 + K
-                if u1 > T:
-                    u1 = T
-                if u0 > T:
-                    u0 = T
-                if live:
+                u0, u1 = span(ti, y, tile, T)
+                if PREFETCH:
+                    for j in range(K):
+                        ok[j] = pok[j]
+                        rs[j] = prs[j]
+                        ea[j] = pea[j]
+                        eb[j] = peb[j]
+                        ec[j] = pec[j]
+                        ev[j] = pev[j]
+                        rv[j] = prv[j]
+                        rq[j] = prq[j]
+                    if live and ti > 0:
+                        # Issued now, used next iteration: the GPU waits for a load
+                        # only where its value is used, so they overlap this tile.
+                        n0, n1 = span(ti - 1, y, tile, T)
+                        load(rr, n0, n1, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
+                             lv, lv_s, cu, nseg, pok, pea, peb, pec, pev, prs, prv, prq)
+                elif live:
                     load(rr, u0, u1, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
                          lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv, rq)
+                if live:
                     ma, mb, mc, mh, mf = fold(ok, ea, eb, ec, ev, rs, rv, rq)
                 else:
                     ma, mb, mc, mh, mf = CAST(1), zero, zero, False, zero
@@ -582,7 +736,10 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
                 ti -= 1
         else:
             if x == 0 and y == 0:
-                sh_tk[0] = cuda.atomic.add(flg, 0, 1)
+                if FASTLB:
+                    sh_tk[0] = np.int64(cuda.atomic.add(lbw, 0, np.uint64(1)))
+                else:
+                    sh_tk[0] = cuda.atomic.add(flg, 0, 1)
             cuda.syncthreads()
             tk = sh_tk[0]
             c_rev = tk // ngroups  # 0 = last tile in scan order
@@ -591,12 +748,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
             row = grp * RW + x
             live = row < R
             rr = row if live else 0
-            u0 = ti * tile + y * K
-            u1 = u0 + K
-            if u1 > T:
-                u1 = T
-            if u0 > T:
-                u0 = T
+            u0, u1 = span(ti, y, tile, T)
             if live:
                 load(rr, u0, u1, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
                      lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv, rq)
@@ -604,118 +756,138 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
             else:
                 ma, mb, mc, mh, mf = CAST(1), zero, zero, False, zero
             block_suffix_scan(sh, sh_agg, x, y, RW, TW, yw, wmask, ma, mb, mc, mh, mf)
-            # Publish this tile's map (row x), then look back cooperatively: the
-            # TW threads of row x read TW flags of later tiles at once.
-            need = live and c_rev > 0
-            rec = c_rev * R + rr
-            mapw = (RW * MAP_SLOTS + LINE - 1) // LINE * LINE
-            grec = mapw + (RW * 2 + LINE - 1) // LINE * LINE
-            gbase = (c_rev * ngroups + grp) * grec
-            base = gbase + x * MAP_SLOTS
-            ibase = gbase + mapw + x * 2
-            A = zero
-            Vn = zero
             skip = (opts & OPT_DEBUG_SKIP) != 0 and c_rev % 16 != 0
-            if y == 0:
-                if need:
-                    ta, tb, tc, th, tf = read_map(sh, x)
-                    pub[base + 0] = ta
-                    pub[base + 1] = tb
-                    pub[base + 2] = tc
-                    pub[base + 3] = CAST(1) if th else zero
-                    pub[base + 4] = tf
-                    cuda.threadfence()
-                sh_base[x] = c_rev - 1
-                sh_found[x] = -1 if need else -2
-            cuda.syncthreads()
-            # Raise the flags only once every row's map of the group is written: a
-            # map line is never read before all of it holds its final values.
-            if y == 0 and need:
-                cuda.atomic.max(flg, 1 + rec, FLAG_AGG)
-            # Phase 1: per row, the nearest later tile whose state is published.
-            while True:
-                fx = sh_found[x]
-                bx = sh_base[x]
-                jj = bx - y
-                f = -1
-                if fx == -1 and jj >= 0:
-                    f = cuda.atomic.add(flg, 1 + jj * R + rr, 0)
-                sh_fl[y * RW + x] = f
+            if FASTLB:
+                # One row per block (RW = 1): warp 0 publishes and looks back.
+                if y < 32:
+                    if c_rev > 0:
+                        if y == 0:
+                            ta, tb, tc, th, tf = read_map(sh, 0)
+                            cuda.atomic.exch(lbw, lb_word(c_rev, R, rr, 0), lb_pack(FLAG_AGG, ta))
+                            cuda.atomic.exch(lbw, lb_word(c_rev, R, rr, 1), lb_pack(FLAG_AGG, tc))
+                        A, Vn = fast_lookback(lbw, y, TW, R, rr, c_rev)
+                    else:
+                        A, Vn = start_state(lv, lv_s, opts, rr, nseg)
+                    if y == 0:
+                        sh_state[0, 0] = A
+                        sh_state[1, 0] = Vn
+                        if not skip:
+                            ta, tb, tc, th, tf = read_map(sh, 0)
+                            nA, nV = apply(ta, tb, tc, th, tf, A, Vn)
+                            cuda.atomic.exch(lbw, lb_word(c_rev, R, rr, 2), lb_pack(FLAG_INCL, nA))
                 cuda.syncthreads()
-                if y == 0 and fx == -1:
-                    nb = bx - TW  # the whole window holds maps only: go further back
-                    k = 0
-                    while k < TW:
-                        jk = bx - k
-                        if jk < 0:
-                            nb = 0
-                            break
-                        fk = sh_fl[k * RW + x]
-                        if fk == FLAG_INCL:
-                            sh_found[x] = jk
-                            break
-                        if fk != FLAG_AGG:
-                            nb = jk  # not published yet: poll again from here
-                            break
-                        k += 1
-                    sh_base[x] = nb
+            else:
+                # Publish this tile's map (row x), then look back cooperatively: the
+                # TW threads of row x read TW flags of later tiles at once.
+                need = live and c_rev > 0
+                rec = c_rev * R + rr
+                mapw = (RW * MAP_SLOTS + LINE - 1) // LINE * LINE
+                grec = mapw + (RW * 2 + LINE - 1) // LINE * LINE
+                gbase = (c_rev * ngroups + grp) * grec
+                base = gbase + x * MAP_SLOTS
+                ibase = gbase + mapw + x * 2
+                A = zero
+                Vn = zero
+                if y == 0:
+                    if need:
+                        ta, tb, tc, th, tf = read_map(sh, x)
+                        pub[base + 0] = ta
+                        pub[base + 1] = tb
+                        pub[base + 2] = tc
+                        pub[base + 3] = CAST(1) if th else zero
+                        pub[base + 4] = tf
+                        cuda.threadfence()
+                    sh_base[x] = c_rev - 1
+                    sh_found[x] = -1 if need else -2
                 cuda.syncthreads()
-                if x == 0 and y == 0:
-                    d = 1
-                    for xx in range(RW):
-                        if sh_found[xx] == -1:
-                            d = 0
-                    sh_ctl[0] = d
-                cuda.syncthreads()
-                if sh_ctl[0] == 1:
-                    break
-            # Phase 2: apply the maps of the tiles in between, in time order, to the
-            # published state (prefetched TW at a time into shared memory).
-            cuda.threadfence()
-            fx = sh_found[x]
-            if y == 0 and need:
-                jb = (fx * ngroups + grp) * grec + mapw + x * 2
-                A = pub[jb]
-                Vn = pub[jb + 1]
-            if x == 0 and y == 0:
-                mx = 0
-                for xx in range(RW):
-                    fxx = sh_found[xx]
-                    if fxx >= 0 and c_rev - 1 - fxx > mx:
-                        mx = c_rev - 1 - fxx
-                sh_ctl[1] = mx
-            cuda.syncthreads()
-            lmax = sh_ctl[1]
-            m0 = 0
-            while m0 < lmax:
-                m = fx + 1 + m0 + y
-                if need and m < c_rev:
-                    mbase = (m * ngroups + grp) * grec + x * MAP_SLOTS
-                    write_map(sh_lb, y * RW + x, pub[mbase + 0], pub[mbase + 1], pub[mbase + 2],
-                              pub[mbase + 3] != zero, pub[mbase + 4])
-                cuda.syncthreads()
+                # Raise the flags only once every row's map of the group is written: a
+                # map line is never read before all of it holds its final values.
                 if y == 0 and need:
-                    k = 0
-                    while k < TW and fx + 1 + m0 + k < c_rev:
-                        la, lb, lc, lh, lf = read_map(sh_lb, k * RW + x)
-                        A, Vn = apply(la, lb, lc, lh, lf, A, Vn)
-                        k += 1
+                    cuda.atomic.max(flg, 1 + rec, FLAG_AGG)
+                # Phase 1: per row, the nearest later tile whose state is published.
+                while True:
+                    fx = sh_found[x]
+                    bx = sh_base[x]
+                    jj = bx - y
+                    f = -1
+                    if fx == -1 and jj >= 0:
+                        f = cuda.atomic.add(flg, 1 + jj * R + rr, 0)
+                    sh_fl[y * RW + x] = f
+                    cuda.syncthreads()
+                    if y == 0 and fx == -1:
+                        nb = bx - TW  # the whole window holds maps only: go further back
+                        k = 0
+                        while k < TW:
+                            jk = bx - k
+                            if jk < 0:
+                                nb = 0
+                                break
+                            fk = sh_fl[k * RW + x]
+                            if fk == FLAG_INCL:
+                                sh_found[x] = jk
+                                break
+                            if fk != FLAG_AGG:
+                                nb = jk  # not published yet: poll again from here
+                                break
+                            k += 1
+                        sh_base[x] = nb
+                    cuda.syncthreads()
+                    if x == 0 and y == 0:
+                        d = 1
+                        for xx in range(RW):
+                            if sh_found[xx] == -1:
+                                d = 0
+                        sh_ctl[0] = d
+                    cuda.syncthreads()
+                    if sh_ctl[0] == 1:
+                        break
+                # Phase 2: apply the maps of the tiles in between, in time order, to the
+                # published state (prefetched TW at a time into shared memory).
+                cuda.threadfence()
+                fx = sh_found[x]
+                if y == 0 and need:
+                    jb = (fx * ngroups + grp) * grec + mapw + x * 2
+                    A = pub[jb]
+                    Vn = pub[jb + 1]
+                if x == 0 and y == 0:
+                    mx = 0
+                    for xx in range(RW):
+                        fxx = sh_found[xx]
+                        if fxx >= 0 and c_rev - 1 - fxx > mx:
+                            mx = c_rev - 1 - fxx
+                    sh_ctl[1] = mx
                 cuda.syncthreads()
-                m0 += TW
-            if y == 0 and live:
-                if c_rev == 0:
-                    A, Vn = start_state(lv, lv_s, opts, rr, nseg)
-                sh_state[0, x] = A
-                sh_state[1, x] = Vn
-                ta, tb, tc, th, tf = read_map(sh, x)
-                nA, nV = apply(ta, tb, tc, th, tf, A, Vn)
-                if not skip:
-                    pub[ibase] = nA
-                    pub[ibase + 1] = nV
-                    cuda.threadfence()
-            cuda.syncthreads()
-            if y == 0 and live and not skip:
-                cuda.atomic.max(flg, 1 + rec, FLAG_INCL)
+                lmax = sh_ctl[1]
+                m0 = 0
+                while m0 < lmax:
+                    m = fx + 1 + m0 + y
+                    if need and m < c_rev:
+                        mbase = (m * ngroups + grp) * grec + x * MAP_SLOTS
+                        write_map(sh_lb, y * RW + x, pub[mbase + 0], pub[mbase + 1], pub[mbase + 2],
+                                  pub[mbase + 3] != zero, pub[mbase + 4])
+                    cuda.syncthreads()
+                    if y == 0 and need:
+                        k = 0
+                        while k < TW and fx + 1 + m0 + k < c_rev:
+                            la, lb, lc, lh, lf = read_map(sh_lb, k * RW + x)
+                            A, Vn = apply(la, lb, lc, lh, lf, A, Vn)
+                            k += 1
+                    cuda.syncthreads()
+                    m0 += TW
+                if y == 0 and live:
+                    if c_rev == 0:
+                        A, Vn = start_state(lv, lv_s, opts, rr, nseg)
+                    sh_state[0, x] = A
+                    sh_state[1, x] = Vn
+                    ta, tb, tc, th, tf = read_map(sh, x)
+                    nA, nV = apply(ta, tb, tc, th, tf, A, Vn)
+                    if not skip:
+                        pub[ibase] = nA
+                        pub[ibase + 1] = nV
+                        cuda.threadfence()
+                cuda.syncthreads()
+                if y == 0 and live and not skip:
+                    cuda.atomic.max(flg, 1 + rec, FLAG_INCL)
             if live:
                 A = sh_state[0, x]
                 Vn = sh_state[1, x]
