@@ -47,3 +47,30 @@ def test_direct_launch_refuses_a_dispatcher_without_exactly_one_kernel(monkeypat
     monkeypatch.setattr(cb, "_core_stream", lambda ptr: ptr)
     with pytest.raises(RuntimeError, match="exactly one signature.*direct_launch"):
         cb._launch_direct(_Dispatcher(n), (), 1, (1, 1), 0)
+
+
+@pytest.mark.parametrize("threads,min_blocks,bounds", [(128, 0, None), (256, 0, None), (512, 0, (512, 1)),
+                                                       (1024, 0, (1024, 1)), (128, 6, (128, 6))])
+def test_typed_kernels_get_launch_bounds_where_a_block_needs_them(monkeypatch, threads, min_blocks, bounds):
+    # Unbounded, ptxas may give a kernel more registers than a block of more than 256
+    # threads can have (65536 per SM), and the launch fails: those are always bounded.
+    import numpy as np
+
+    seen = []
+
+    def fake_jit(sig, **kw):
+        seen.append(kw.get("launch_bounds"))
+        return lambda f: ("compiled", f)
+
+    monkeypatch.setattr(cb.cuda, "jit", fake_jit)
+    monkeypatch.setattr(cb, "_typed_cache", {})
+
+    class K:
+        @staticmethod
+        def py_func():
+            pass
+
+    args = tuple(np.zeros((2, 2), np.float32) for _ in range(cb._N_ARRAYS)) + (np.float32(1), np.int64(2))
+    key = (0, 1, False, "<f4", threads, 8, 0)
+    assert cb._typed(K, key, args, min_blocks) == ("compiled", K.py_func)
+    assert seen == [bounds]

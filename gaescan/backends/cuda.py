@@ -300,6 +300,9 @@ def _typed(kernel: Any, key: tuple, args: tuple, min_blocks: int = 0) -> Any:
     the explicit signature be refused, the lazily specialising kernel is used.
     ``min_blocks > 0`` compiles with launch bounds ``(threads, min_blocks)``
     (``threads`` = ``key[4]``, the largest block the kernel is launched with).
+    Blocks of more than 256 threads always get launch bounds ``(threads, 1)``:
+    unbounded, ptxas may use more registers than such a block can have (the
+    prefetching kernel takes 166), and the launch would fail.
     """
     full = key + (min_blocks,) + tuple(x.dtype for x in args[:_N_ARRAYS])
     d = _typed_cache.get(full)
@@ -318,7 +321,9 @@ def _typed(kernel: Any, key: tuple, args: tuple, min_blocks: int = 0) -> Any:
                     if isinstance(t, types.Array):
                         t = t.copy(layout="A", readonly=False)
                     sig.append(t)
-                opts = {"launch_bounds": (key[4], min_blocks)} if min_blocks > 0 else {}
+                opts = {}
+                if min_blocks > 0 or key[4] > 256:
+                    opts = {"launch_bounds": (key[4], max(min_blocks, 1))}
                 try:
                     d = cuda.jit(types.void(*sig), **opts)(kernel.py_func)
                 except Exception as exc:  # pragma: no cover - depends on the numba-cuda version
