@@ -555,6 +555,52 @@ def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool) -> None:
     check("direct launch: cupy non-default stream B=8 T=2^20", direct(cupy_stream))
     check("direct launch: no host synchronisation", direct(no_host_sync))
 
+    # The experimental kernel variants (tunables "prefetch" and "fast_lookback").
+    def variant(case, **tun):
+        def run():
+            with cb.override(**tun):
+                return case()
+        return run
+    pf = dict(prefetch=True, rows_min_blocks=1)
+    check("prefetch: gae rows B=512 T=3000 f32 dones (3 tiles per row, repeat)",
+          variant(gae_case((512, 3000), repeat=True), **pf))
+    check("prefetch: gae rows B=256 T=131072 f32 dones, threads=256",
+          variant(gae_case((256, 131072)), threads=256, **pf))
+    check("prefetch: gae rows f16 inputs B=64 T=5000", variant(gae_case((64, 5000), np.float16), **pf))
+    check("prefetch: gae rows f64 B=64 T=50000", variant(gae_case((64, 50000), np.float64), **pf))
+    check("prefetch: packed f32 mask lv[S] (one row)", variant(packed(), **pf))
+    check("prefetch: terminated+truncated+next_values B=16 T=20000", variant(tt(np.float32, (16, 20000)), **pf))
+    check("prefetch: discounted_returns B=1024 T=1000", variant(rets((1024, 1000)), **pf))
+    check("prefetch: linear_scan forward a[B,T] B=512 T=4000", variant(scans((512, 4000), False, a_arr=True), **pf))
+    fl = dict(fast_lookback=True)
+    check(f"fast look-back: gae B=4 T={N_LONG} f32 dones (repeat)", variant(gae_case((4, N_LONG), repeat=True), **fl))
+    check("fast look-back: gae B=256 T=131072 f32 dones, threads=256",
+          variant(gae_case((256, 131072)), threads=256, **fl))
+    check("fast look-back: gae f16 inputs B=4 T=2^20", variant(gae_case((4, 2**20), np.float16), **fl))
+    check("fast look-back: terminated+truncated+next_values B=2 T=2^20",
+          variant(tt(np.float32, (2, 2**20)), **fl))
+    check("fast look-back: discounted_returns B=2 T=2^21", variant(rets((2, 2**21)), **fl))
+    check("fast look-back: discounted_returns packed mask lv[S]", variant(rets(None, packed_=True), **fl))
+    check("fast look-back: linear_scan forward B=3 T=2^21", variant(scans((3, 2**21), False), **fl))
+    check("fast look-back: linear_scan reverse B=3 T=2^21", variant(scans((3, 2**21), True), **fl))
+
+    def fast_vs_general():
+        lens = rng.geometric(1 / 5000, size=200)
+        cu = cp.asarray(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
+        N = int(lens.sum())
+        rp, vp, dp = data((N,))
+        r4, v4, d4 = data((8, 2**20))
+        out = []
+        for tun in (dict(), dict(fast_lookback=True), dict(fast_lookback=True, debug_skip_incl=True)):
+            with cb.override(**tun):
+                a, _ = gaescan.gae(r4, v4, gamma=0.99, lam=0.95, dones=d4, backend="cuda")
+                ap, _ = gaescan.gae(rp, vp, gamma=0.99, lam=0.95, dones=dp, cu_seqlens=cu, backend="cuda")
+            out.append(_h(a).tobytes() + _h(ap).tobytes())
+        if not (out[0] == out[1] == out[2]):
+            raise AssertionError("the fast look-back (or its long walks) changed the bits")
+        return "bit-identical to the general look-back, also with long walks; rows and packed"
+    check("fast look-back == general look-back, B=8 T=2^20 and packed S=200", fast_vs_general)
+
 
 # --------------------------------------------------------------------------- timing
 
@@ -736,20 +782,37 @@ def sweep(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
     """Time a few CUDA tunable settings (each compiles a kernel once) on two shapes."""
     from gaescan.backends import cuda as cb
 
-    settings = [dict(threads=128, k=8), dict(threads=128, k=4), dict(threads=256, k=8),
-                dict(threads=128, k=16), dict(threads=256, k=4), dict(threads=512, k=4),
-                # registers bounded for 6 blocks per SM (at most 85; ptxas used 80 and spilled 302 B)
-                dict(threads=128, k=8, min_blocks_per_sm=6),
-                # a block per row walking its tiles (no look-back) instead of a block per tile
-                dict(threads=128, k=8, rows_min_blocks=1)]
-    shapes = [("B=256 T=131072", 256, 131072), ("B=4 T=2^22", 4, 2**22)]
+    base = dict(threads=128, k=8)
+    fast = dict(fast_lookback=True)
+    rows = dict(rows_min_blocks=1)  # a block per row walking its tiles, no look-back
+    pf = dict(rows, prefetch=True)
+    # Most telling first (a sweep past the budget is cut short).  Prefetching takes 166
+    # registers: min_blocks_per_sm=2 caps them at 128 (88 B of spills) so two blocks
+    # of 256 threads share an SM; more than 256 threads get that cap anyway.
+    # min_blocks_per_sm=6 at 128 threads caps at 85 registers (ptxas used 80).
+    b256 = [base, dict(base, **fast), dict(base, **rows), dict(base, **pf),
+            dict(threads=256, k=8, **rows), dict(threads=256, k=8, **pf),
+            dict(threads=256, k=8, min_blocks_per_sm=2, **pf), dict(threads=256, k=8, **fast),
+            dict(threads=512, k=8, **rows), dict(threads=512, k=8, **pf), dict(threads=512, k=4, **pf),
+            dict(threads=128, k=16, **fast), dict(threads=256, k=16, **fast), dict(threads=256, k=16, **rows),
+            dict(base, min_blocks_per_sm=6, **fast),
+            dict(threads=128, k=4), dict(threads=256, k=8), dict(threads=128, k=16), dict(threads=256, k=4),
+            dict(threads=512, k=4), dict(base, min_blocks_per_sm=6)]
+    b4 = [base, dict(base, **fast), dict(threads=256, k=8, **fast), dict(threads=128, k=16, **fast),
+          dict(threads=256, k=16, **fast), dict(base, min_blocks_per_sm=6, **fast),
+          dict(threads=256, k=8), dict(threads=128, k=16), dict(threads=128, k=4), dict(threads=256, k=4),
+          dict(threads=512, k=4), dict(base, min_blocks_per_sm=6)]
+    # 1024 rows walk their tiles by default
+    b1024 = [base, dict(base, prefetch=True), dict(threads=256, k=8, prefetch=True),
+             dict(threads=256, k=8, prefetch=True, min_blocks_per_sm=2)]
+    shapes = [("B=256 T=131072", 256, 131072, b256), ("B=4 T=2^22", 4, 2**22, b4),
+              ("B=1024 T=32768", 1024, 32768, b1024)]
     if quick:
-        shapes = [("B=64 T=16384", 64, 16384)]
-        settings = settings[:2]
+        shapes = [("B=64 T=16384", 64, 16384, b4[:2])]
     rng = np.random.default_rng(3)
     print()
     print("tunable sweep (GAE f32 with dones, CUDA events, median of 10; GB/s at 17 bytes/step):")
-    for label, B, T in shapes:
+    for label, B, T, settings in shapes:
         r = cp.asarray(rng.standard_normal((B, T), dtype=np.float32))
         v = cp.asarray(rng.standard_normal((B, T), dtype=np.float32))
         d = cp.asarray(rng.random((B, T)) < 0.001)
