@@ -21,6 +21,8 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") in ("", "0"):
                 allow_module_level=True)
 
 pytest.importorskip("numba")
+from numba import cuda  # noqa: E402  (a module global: the simulator swaps it in kernels)
+
 from gaescan._problem import GAEProblem, ReturnsProblem, Rows, ScanProblem  # noqa: E402
 from gaescan.backends import cuda as cb  # noqa: E402
 
@@ -679,3 +681,66 @@ def test_kernel_variants_only_where_they_apply(case, monkeypatch):
     adv, _ = run_gae(tun, dt, r, v, 0.9, 0.8, mask=m)
     close(adv, gae_oracle(r, v, float(dt(0.9)), float(dt(0.8)), mask=m)[0], dt)
     assert launched and not any(o & (kern.OPT_FASTLB | kern.OPT_PREFETCH) for o in launched)
+
+
+# --------------------------------------------------------------------------- fast look-back, concurrently
+
+# The simulator runs blocks one after another, so a look-back there always finds its
+# later tiles published.  Threads of one block do run concurrently: warp 0 runs the
+# fast look-back while another thread of the block publishes the records in a random
+# order, with pauses, so the look-back meets unpublished tiles, maps without states,
+# and states behind unpublished tiles.
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fast_lookback_waits_for_unpublished_tiles(seed):
+    import time
+
+    from gaescan.kernels import cuda as kern
+
+    parts = {}
+    kern._build(kern.SCAN, kern.MODE_LOOKBACK, False, np.dtype(np.float32), 64, 1, kern.OPT_FASTLB, parts)
+    fast_lookback, lb_pack, lb_word = parts["fast_lookback"], parts["lb_pack"], parts["lb_word"]
+    rng = np.random.default_rng(seed)
+    R, rr, c_rev = 2, 1, 70  # the state entering tile 70 of row 1 (tiles 0..69 are later in time)
+    a = rng.uniform(0.5, 1.0, c_rev).astype(np.float32)
+    a[rng.random(c_rev) < 0.1] = 0  # episode cuts
+    c = rng.standard_normal(c_rev).astype(np.float32)
+    state = np.zeros(c_rev, np.float32)  # state[j]: after tile j, by the kernels' own recurrence
+    s = np.float32(rng.standard_normal())
+    state[0] = s
+    for j in range(1, c_rev):
+        s = c[j] if a[j] == 0 else a[j] * s + c[j]
+        state[j] = s
+    # Publication events: (tile, word); tile 0 publishes its state only, others their
+    # map and, some of them, later their state.
+    events = [(0, 2)]
+    for j in range(1, c_rev):
+        events += [(j, 0), (j, 1)] + ([(j, 2)] if rng.random() < 0.2 else [])
+    order = np.array(events, dtype=np.int64)[rng.permutation(len(events))]
+    # A map's two words in either order, a state before or after its map: any order works.
+    pause = rng.random(len(order)) < 0.3
+
+    @cuda.jit
+    def harness(lbw, out, order, pause, a, c, state):
+        y = cuda.threadIdx.y
+        if y < 32:
+            A, Vn = fast_lookback(lbw, y, 64, R, rr, c_rev)
+            if y == 0:
+                out[0] = A
+        elif y == 32:
+            for i in range(order.shape[0]):
+                if pause[i]:
+                    time.sleep(0.002)  # simulator only: let warp 0 poll a few rounds
+                j = order[i, 0]
+                f = order[i, 1]
+                val = a[j] if f == 0 else (c[j] if f == 1 else state[j])
+                flag = kern.FLAG_INCL if f == 2 else kern.FLAG_AGG
+                cuda.atomic.exch(lbw, lb_word(j, R, rr, f), lb_pack(flag, val))
+
+    lbw = np.zeros(1 + 3 * (c_rev + 1) * R, np.uint64)
+    out = np.zeros(1, np.float32)
+    harness[1, (1, 64)](lbw, out, order, pause, a, c, state)
+    # Whichever state the look-back started from, it applied the maps after it in
+    # order: the same operations, the same bits.
+    assert out[0].tobytes() == state[c_rev - 1].tobytes()

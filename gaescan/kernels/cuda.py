@@ -166,7 +166,12 @@ def get_kernel(kind: int, mode: int, fwd: bool, dtype: np.dtype, nsh: int, k: in
     return kern
 
 
-def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many features
+def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one kernel, many features
+    """Compile-time specialisation of the kernel (see :func:`get_kernel`).
+
+    ``parts``, a dict, receives the look-back's device functions (tests drive the
+    fast look-back against a concurrent publisher in the simulator).
+    """
     MASKED = bool(CT & OPT_MASK)
     PACKED = bool(CT & OPT_PACKED)
     CAST = np.float32 if dtype == np.float32 else np.float64
@@ -897,4 +902,6 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT):  # noqa: C901 - one kernel, many
             emit(rr, live, x, y, RW, yw, wmask, ti * tile, u0, u1, T, ok, ea, eb, ec, ev, rs, rv, rq,
                  A, Vn, out1, out2, sh_tb1, sh_tb2)
 
+    if parts is not None:
+        parts.update(fast_lookback=fast_lookback, lb_pack=lb_pack, lb_word=lb_word, apply=apply)
     return kernel
