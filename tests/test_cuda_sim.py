@@ -628,19 +628,27 @@ _SOME = {"prefetch-2warps": ["gae-dones", "gae-packed"],
 VARIANT_CASES = [(v, p) for v in VARIANTS for p in _SOME.get(v[0], VARIANT_PROBLEMS)]
 
 
-@pytest.mark.parametrize("variant,problem", VARIANT_CASES, ids=[f"{v[0]}-{p}" for v, p in VARIANT_CASES])
-def test_kernel_variant(variant, problem, monkeypatch):
+@pytest.fixture
+def launched(monkeypatch):
+    """The option bits of every kernel the backend asks for during the test."""
     from gaescan.kernels import cuda as kern
 
-    _, tun, base, bit = variant
-    launched = []
+    seen = []
     real = kern.get_kernel
 
     def spy(kind, mode, fwd, dtype, nsh, k, opts=0):
-        launched.append(opts)
+        seen.append(opts)
         return real(kind, mode, fwd, dtype, nsh, k, opts)
 
     monkeypatch.setattr(kern, "get_kernel", spy)
+    return seen
+
+
+@pytest.mark.parametrize("variant,problem", VARIANT_CASES, ids=[f"{v[0]}-{p}" for v, p in VARIANT_CASES])
+def test_kernel_variant(variant, problem, launched):
+    from gaescan.kernels import cuda as kern
+
+    _, tun, base, bit = variant
     call, oracle = _problem(problem, np.random.default_rng(VARIANT_PROBLEMS.index(problem)))
     got = call(tun)
     assert launched and all(o & getattr(kern, bit) for o in launched), "the variant was not compiled in"
@@ -655,19 +663,11 @@ def test_kernel_variant(variant, problem, monkeypatch):
 
 
 @pytest.mark.parametrize("case", ["masked-gae", "float64", "time-major", "one-tile-rows"])
-def test_kernel_variants_only_where_they_apply(case, monkeypatch):
+def test_kernel_variants_only_where_they_apply(case, launched):
     # The fast look-back needs float32 and (alpha, c) maps in one-row blocks; the
     # prefetch needs a second tile.  Elsewhere the tunables change nothing.
     from gaescan.kernels import cuda as kern
 
-    launched = []
-    real = kern.get_kernel
-
-    def spy(kind, mode, fwd, dtype, nsh, k, opts=0):
-        launched.append(opts)
-        return real(kind, mode, fwd, dtype, nsh, k, opts)
-
-    monkeypatch.setattr(kern, "get_kernel", spy)
     rng = np.random.default_rng(21)
     R, T = 3, 40
     tun = dict(LOOKBACK, fast_lookback=True, prefetch=True)
