@@ -74,3 +74,36 @@ def test_typed_kernels_get_launch_bounds_where_a_block_needs_them(monkeypatch, t
     key = (0, 1, False, "<f4", threads, 8, 0)
     assert cb._typed(K, key, args, min_blocks) == ("compiled", K.py_func)
     assert seen == [bounds]
+
+
+@pytest.mark.parametrize("contiguous", [False, True])
+def test_contiguous_typing_types_all_arrays_c_only_when_all_are(monkeypatch, contiguous):
+    import numpy as np
+
+    sigs = []
+
+    def fake_jit(sig, **kw):
+        sigs.append(sig)
+        return lambda f: ("compiled", len(sigs))
+
+    monkeypatch.setattr(cb.cuda, "jit", fake_jit)
+    monkeypatch.setattr(cb, "_typed_cache", {})
+
+    class K:
+        @staticmethod
+        def py_func():
+            pass
+
+    c_args = tuple(np.zeros((2, 4), np.float32) for _ in range(cb._N_ARRAYS)) + (np.float32(1), np.int64(2))
+    strided = (np.zeros((2, 8), np.float32)[:, ::2],) + c_args[1:]
+    broadcast = c_args[:5] + (np.broadcast_to(np.float32(0.9), (2, 4)),) + c_args[6:]
+    key = (0, 1, False, "<f4", 128, 8, 0)
+    k_c = cb._typed(K, key, c_args, 0, contiguous)
+    k_s = cb._typed(K, key, strided, 0, contiguous)
+    k_b = cb._typed(K, key, broadcast, 0, contiguous)
+    layouts = [{a.layout for a in sig.args if hasattr(a, "layout")} for sig in sigs]
+    if contiguous:
+        # All C-contiguous: a kernel typed "C" throughout; any strided array: the "A" kernel.
+        assert layouts == [{"C"}, {"A"}] and k_c != k_s and k_s == k_b
+    else:
+        assert layouts == [{"A"}] and k_c == k_s == k_b

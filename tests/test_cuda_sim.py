@@ -744,3 +744,20 @@ def test_fast_lookback_waits_for_unpublished_tiles(seed):
     # Whichever state the look-back started from, it applied the maps after it in
     # order: the same operations, the same bits.
     assert out[0].tobytes() == state[c_rev - 1].tobytes()
+
+
+def test_contiguous_typing_launch_path(monkeypatch):
+    # With "contiguous_typing", an all-C-contiguous call gets its own explicitly typed
+    # kernel (layout "C"), a strided call the layout-"A" one; both give the oracle's numbers.
+    tun = dict(LOOKBACK, debug_typed_in_sim=True, contiguous_typing=True)
+    rng = np.random.default_rng(22)
+    base = rng.standard_normal((3, 60))
+    r, v = np.ascontiguousarray(base[:, :30]), np.ascontiguousarray(base[:, 30:])
+    d = rng.random((3, 30)) < 0.1
+    monkeypatch.setattr(cb, "_typed_cache", {})
+    adv_c, _ = run_gae(tun, np.float64, r, v, 0.9, 0.8, term=d)
+    adv_a, _ = run_gae(tun, np.float64, base[:, :30], v, 0.9, 0.8, term=d)
+    assert sorted(k[8] for k in cb._typed_cache) == ["A", "C"]
+    want = gae_oracle(r, v, 0.9, 0.8, term=d)[0]
+    close(adv_c, want, np.float64)
+    close(adv_a, want, np.float64)

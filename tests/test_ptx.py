@@ -88,8 +88,17 @@ def _arr(dt, nd):
     return types.Array(numba.from_dtype(np.dtype(dt)), nd, "A")
 
 
-def _sig(kind, out, inp, flag, coeff=None):
-    """The argument types of one launch (see the backend's ``_Launch.run``)."""
+def _sig(kind, out, inp, flag, coeff=None, layout="A"):
+    """The argument types of one launch (see the backend's ``_Launch.run``).
+
+    Arrays are typed ``layout``: "A", or "C" as the ``contiguous_typing`` tunable
+    types a call whose arrays are all C-contiguous.
+    """
+    sig = _sig_a(kind, out, inp, flag, coeff)
+    return tuple(t.copy(layout=layout) if isinstance(t, types.Array) else t for t in sig)
+
+
+def _sig_a(kind, out, inp, flag, coeff=None):
     from gaescan.kernels import cuda as kern
 
     o = numba.from_dtype(np.dtype(out))
@@ -179,10 +188,29 @@ def _ptxas_info(ptx: str, cc) -> str:
 @pytest.mark.parametrize("cc", CCS, ids=lambda c: f"sm_{c[0]}{c[1]}")
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_kernel_compiles_without_spills(toolchain, case, cc):
+    _compile_and_check(case, cc, "A")
+
+
+C_CASES = [c for c in CASES if c[0] in ("gae-rows-float32<-float32", "gae-lookback-float32<-float32",
+                                        "gae-rows-prefetch-float32<-float32", "gae-lookback-fast-float32<-float32",
+                                        "returns-lookback-fast-float32<-float32",
+                                        "gae-lookback-float32<-float32-mask+packed")]
+
+
+@pytest.mark.parametrize("case", C_CASES, ids=[c[0] for c in C_CASES])
+def test_c_typed_kernel_compiles_without_spills(toolchain, case):
+    # The kernels the "contiguous_typing" tunable compiles for all-C-contiguous calls.
+    assert len(C_CASES) == 6
+    _compile_and_check(case, CCS[-1], "C")
+
+
+def _compile_and_check(case, cc, layout):
     from gaescan.backends import cuda as cb
     from gaescan.kernels import cuda as kern
 
     name, kind, mode, fwd, out, inp, flag, coeff, ct = case
+    if layout != "A":
+        name = f"{name} [{layout}]"
     nsh = int(cb.TUNABLES["threads"])
     kk = int(cb.TUNABLES["k_f64" if np.dtype(out) == np.float64 else "k"])
     # A private build (not the backend's kernel cache): its device functions are
@@ -192,7 +220,7 @@ def test_kernel_compiles_without_spills(toolchain, case, cc):
     k = _BUILT.get(key)
     if k is None:
         k = _BUILT[key] = kern._build(kind, mode, bool(fwd), np.dtype(out), nsh, kk, ct & kern.CT_BITS)
-    ptx, _ = cuda.compile_ptx(k.py_func, _sig(kind, out, inp, flag, coeff), cc=cc)
+    ptx, _ = cuda.compile_ptx(k.py_func, _sig(kind, out, inp, flag, coeff, layout), cc=cc)
     if mode == kern.MODE_ROWS:
         need, absent = ("bar.sync",), ("atom.global",)
     elif ct & kern.OPT_FASTLB:
