@@ -583,6 +583,15 @@ def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool) -> None:
     check("fast look-back: discounted_returns packed mask lv[S]", variant(rets(None, packed_=True), **fl))
     check("fast look-back: linear_scan forward B=3 T=2^21", variant(scans((3, 2**21), False), **fl))
     check("fast look-back: linear_scan reverse B=3 T=2^21", variant(scans((3, 2**21), True), **fl))
+    ct = dict(contiguous_typing=True)
+    check(f"contiguous typing + fast look-back: gae B=4 T={N_LONG} f32 dones (repeat)",
+          variant(gae_case((4, N_LONG), repeat=True), **ct, **fl))
+    check("contiguous typing: gae many rows B=2048 T=2000 f32 dones lv[B]",
+          variant(gae_case((2048, 2000), last_value=cp.asarray(rng.standard_normal(2048).astype(np.float32))), **ct))
+    check("contiguous typing: gae time-major axis=0 T=4096 B=512 (strided: the A kernel)",
+          variant(gae_case((4096, 512), axis=0), **ct))
+    check("contiguous typing + prefetch: gae rows f16 inputs B=64 T=5000",
+          variant(gae_case((64, 5000), np.float16), **ct, **pf))
 
     def fast_vs_general():
         lens = rng.geometric(1 / 5000, size=200)
@@ -790,7 +799,9 @@ def sweep(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
     # registers: min_blocks_per_sm=2 caps them at 128 (88 B of spills) so two blocks
     # of 256 threads share an SM; more than 256 threads get that cap anyway.
     # min_blocks_per_sm=6 at 128 threads caps at 85 registers (ptxas used 80).
-    b256 = [base, dict(base, **fast), dict(base, **rows), dict(base, **pf),
+    ct = dict(contiguous_typing=True)  # layout-"C" kernels: 96 registers instead of 108 (look-back)
+    b256 = [base, dict(base, **fast), dict(base, **fast, **ct), dict(base, **rows), dict(base, **pf),
+            dict(base, **pf, **ct),
             dict(threads=256, k=8, **rows), dict(threads=256, k=8, **pf),
             dict(threads=256, k=8, min_blocks_per_sm=2, **pf), dict(threads=256, k=8, **fast),
             dict(threads=512, k=8, **rows), dict(threads=512, k=8, **pf), dict(threads=512, k=4, **pf),
@@ -798,7 +809,8 @@ def sweep(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
             dict(base, min_blocks_per_sm=6, **fast),
             dict(threads=128, k=4), dict(threads=256, k=8), dict(threads=128, k=16), dict(threads=256, k=4),
             dict(threads=512, k=4), dict(base, min_blocks_per_sm=6)]
-    b4 = [base, dict(base, **fast), dict(threads=256, k=8, **fast), dict(threads=128, k=16, **fast),
+    b4 = [base, dict(base, **fast), dict(base, **fast, **ct), dict(base, **ct),
+          dict(threads=256, k=8, **fast), dict(threads=128, k=16, **fast), dict(threads=128, k=16, **fast, **ct),
           dict(threads=256, k=16, **fast), dict(base, min_blocks_per_sm=6, **fast),
           dict(threads=256, k=8), dict(threads=128, k=16), dict(threads=128, k=4), dict(threads=256, k=4),
           dict(threads=512, k=4), dict(base, min_blocks_per_sm=6)]
@@ -905,8 +917,8 @@ def main(argv: list | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small shapes only")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--no-check", action="store_true")
-    ap.add_argument("--budget", type=float, default=205.0,
-                    help="seconds after which pending benchmarks are skipped (default 205)")
+    ap.add_argument("--budget", type=float, default=280.0,
+                    help="seconds after which pending benchmarks and sweep settings are skipped (default 280)")
     ap.add_argument("--check-budget", type=float, default=170.0,
                     help="seconds after which pending correctness checks are skipped (default 170)")
     a = ap.parse_args(argv)
