@@ -830,22 +830,32 @@ def sweep(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
         d = cp.asarray(rng.random((B, T)) < 0.001)
         a0 = cp.empty((B, T), cp.float32)
         r0 = cp.empty((B, T), cp.float32)
+        ea, _ = ref_gae(r, v, 0.99, 0.95, out_dtype=np.float32, dones=d)
         parts = []
+        times = []
         for st in settings:
             if _elapsed() > budget:
                 parts.append("(budget)")
                 break
+            name = ",".join(f"{k}={val}" for k, val in st.items())
             try:
+                a0.fill(np.nan)
                 with cb.override(**st):
                     t = _events_ms(cp, functools.partial(gaescan.gae, r, v, gamma=0.99, lam=0.95, dones=d,
                                                          out=(a0, r0), backend="cuda"))
-                name = ",".join(f"{k}={val}" for k, val in st.items())
-                parts.append(f"{name}: {t:.3f} ms {17 * B * T / t / 1e6:.0f} GB/s")
+                # A fast wrong answer is not a result: every timed setting is checked.
+                err = compare(a0, ea, np.float32)
+                parts.append(f"{name}: {t:.3f} ms {17 * B * T / t / 1e6:.0f} GB/s  ({err})")
+                times.append((t, name))
             except Exception as exc:  # noqa: BLE001
-                parts.append(f"{st}: {type(exc).__name__}: {exc}")
+                parts.append(f"{name}: FAILED {type(exc).__name__}: {exc}")
+                RESULTS.append(("FAIL", f"sweep {label} {name}", f"{type(exc).__name__}: {exc}"))
         print(f"  {label}")
         for ptxt in parts:
             print(f"    {ptxt}")
+        if times and times[0][1] == ",".join(f"{k}={val}" for k, val in settings[0].items()):
+            best = min(times)
+            print(f"    fastest: {best[1]}: {times[0][0] / best[0]:.2f}x the first setting")
         r = v = d = a0 = r0 = None
         cp.get_default_memory_pool().free_all_blocks()
 
