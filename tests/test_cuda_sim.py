@@ -761,3 +761,24 @@ def test_contiguous_typing_launch_path(monkeypatch):
     want = gae_oracle(r, v, 0.9, 0.8, term=d)[0]
     close(adv_c, want, np.float64)
     close(adv_a, want, np.float64)
+
+
+@pytest.mark.parametrize("which,K", [("owned", 4), ("owned", 3), ("coalesced", 1)])
+def test_gpu_check_access_probes(which, K):
+    # The gpu-check's elementwise probes (same traffic as GAE, no scan) compute what
+    # the check compares them with, for lengths that are not a multiple of a block.
+    from gaescan.bench import _probe
+
+    rng = np.random.default_rng(23)
+    n = 8 * K * 3 + 5
+    r = rng.standard_normal(n).astype(np.float32)
+    v = rng.standard_normal(n).astype(np.float32)
+    d = rng.random(n) < 0.3
+    o1 = np.full(n, np.nan, np.float32)
+    o2 = np.full(n, np.nan, np.float32)
+    _probe.launch(which, r, v, d, o1, o2, K=K, threads=8)
+    delta = r - v
+    assert np.array_equal(o1, delta)
+    assert np.array_equal(o2, np.where(d, r, delta + v))
+    with pytest.raises(ValueError, match="unknown probe"):
+        _probe.launch("other", r, v, d, o1, o2)

@@ -267,3 +267,16 @@ def test_launch_bounds_cap_registers(toolchain, min_blocks):
     spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", info))
     print(f"sm_90  gae-lookback-float32 launch_bounds(128, {min_blocks}): regs {regs}, spill stores {spills} B")
     assert regs * 128 * min_blocks <= 65536
+
+
+def test_gpu_check_access_probes_compile(toolchain):
+    # gpu-check's elementwise probes: typed as the check launches them (CuPy views).
+    from gaescan.bench import _probe
+
+    cc = CCS[-1]
+    _FakeDevice.cc = cc
+    f32, b1 = types.Array(types.float32, 1, "C"), types.Array(types.boolean, 1, "C")
+    for k in _probe._build(8):
+        ptx, _ = cuda.compile_ptx(k.py_func, (f32, f32, b1, f32, f32, types.int64), cc=cc)
+        info = _ptxas_info(ptx, cc)
+        assert "Used" in info and "spill" in info

@@ -784,7 +784,53 @@ def benchmarks(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
             print(f"  {label:<26s} {cb.plan(B, T, np.float32, time_major=axis == 0)}")
     except Exception as exc:  # noqa: BLE001
         print(f"(no launch plans: {exc})")
+    try:
+        access_probe(cp, quick)
+    except Exception as exc:  # noqa: BLE001
+        traceback.print_exc(limit=4)
+        RESULTS.append(("FAIL", "access-pattern probe", f"{type(exc).__name__}: {exc}"))
     sweep(cp, gaescan, quick, budget)
+
+
+def access_probe(cp: Any, quick: bool) -> None:
+    """GAE's 17 bytes per step moved by elementwise kernels (no scan): the access pattern's own cost."""
+    from gaescan.backends import cuda as cb
+    from gaescan.bench import _probe
+
+    n = 2**25 if not quick else 2**20
+    rng = np.random.default_rng(5)
+    r = cp.asarray(rng.standard_normal(n, dtype=np.float32))
+    v = cp.asarray(rng.standard_normal(n, dtype=np.float32))
+    d = cp.asarray(rng.random(n) < 0.001)
+    o1 = cp.empty(n, cp.float32)
+    o2 = cp.empty(n, cp.float32)
+    args = [cb._device_view(x) for x in (r, v, d, o1, o2)]
+    stream = cb._stream(cb.current_stream_ptr())
+    nbytes = (17 * n) // 2
+    src = cp.empty(nbytes, cp.uint8)
+    dst = cp.empty(nbytes, cp.uint8)
+    sp = cp.cuda.get_current_stream().ptr
+    t_copy = _events_ms(cp, lambda: cp.cuda.runtime.memcpyAsync(
+        dst.data.ptr, src.data.ptr, nbytes, cp.cuda.runtime.memcpyDeviceToDevice, sp))
+    print()
+    print(f"access-pattern probe: r, v, done in, two float32 out (17 bytes/step), N=2^{n.bit_length() - 1}, "
+          "elementwise (no scan); frac = copy time / probe time")
+    print(f"  {'D2D copy of the same bytes':<40s} {t_copy:8.3f} ms {17 * n / t_copy / 1e6:7.0f} GB/s")
+    probes = [("coalesced, one thread per step", "coalesced", 8, 0), ("coalesced, grid-stride 16 blocks/SM",
+              "coalesced", 8, 16), ("owned K=4 consecutive steps per thread", "owned", 4, 0),
+              ("owned K=8 (the scan kernels' default)", "owned", 8, 0), ("owned K=16", "owned", 16, 0)]
+    want1 = _h(r[:4096]) - _h(v[:4096])
+    want2 = np.where(_h(d[:4096]), _h(r[:4096]), want1 + _h(v[:4096]))
+    for label, which, K, bps in probes:
+        o1.fill(np.nan)
+        t = _events_ms(cp, lambda which=which, K=K, bps=bps: _probe.launch(
+            which, *args, K=K, stream=stream, blocks_per_sm=bps))
+        ok = np.array_equal(_h(o1[:4096]), want1) and np.array_equal(_h(o2[:4096]), want2) \
+            and bool(cp.all(cp.isfinite(o1)))
+        print(f"  {label:<40s} {t:8.3f} ms {17 * n / t / 1e6:7.0f} GB/s  frac {t_copy / t:.2f}"
+              f"{'' if ok else '  WRONG OUTPUT'}")
+        if not ok:
+            RESULTS.append(("FAIL", f"access-pattern probe {label}", "wrong output"))
 
 
 def sweep(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
