@@ -38,12 +38,17 @@ from numba import cuda
 
 try:
     from numba.cuda import types
-except ImportError:  # pragma: no cover - older numba-cuda
+except ImportError:  # pragma: no cover - an old Numba
     from numba import types
 
 from .._config import Tunables
 from .._problem import GAEProblem, ReturnsProblem, ScanProblem
 from ..kernels import cuda as kern
+
+if not hasattr(types, "Array"):
+    # Numba's built-in CUDA target (no numba-cuda): its numba.cuda.types holds only
+    # the CUDA-specific types; the array type is Numba's own.
+    from numba import types
 
 TUNABLES: dict[str, Any] = {
     # Threads per block (also the shared-memory scan width; a compile-time constant).
