@@ -320,6 +320,32 @@ def test_block_scan_across_warps(geom, feature):
     close(ret, er, np.float64)
 
 
+@pytest.mark.parametrize("feature", ["dones", "mask"])
+@pytest.mark.parametrize("geom", WARP_GEOMETRIES, ids=[g[0] for g in WARP_GEOMETRIES])
+def test_coalesced_loads_across_warps(geom, feature, launched):
+    # Staged loads in every warp layout: several rows per warp, a row past the last
+    # (rows-rw2: R=3 in blocks of 2), time-major warps.  The same bits as direct loads.
+    from gaescan.kernels import cuda as kern
+
+    name, tun, R, T, time_major = geom
+    rng = np.random.default_rng(19)
+    if time_major:
+        r, v = rng.standard_normal((T, R)).T, rng.standard_normal((T, R)).T
+    else:
+        r, v = rng.standard_normal((R, T)), rng.standard_normal((R, T))
+    d = rng.random((R, T)) < 0.03
+    m = rng.random((R, T)) < 0.85 if feature == "mask" else None
+    lv = rng.standard_normal(R)
+    got = run_gae(dict(tun, coalesced_loads=True), np.float64, r, v, 0.97, 0.9, term=d, mask=m, lv=lv)
+    staged = [bool(o & kern.OPT_CLOAD) for o in launched]
+    # One time-thread per warp (RW=32) reads 32 rows' consecutive addresses already.
+    assert staged == [name != "lookback-tm-rw32"]
+    want = run_gae(tun, np.float64, r, v, 0.97, 0.9, term=d, mask=m, lv=lv)
+    for x, w, e in zip(got, want, gae_oracle(r, v, 0.97, 0.9, term=d, mask=m, lv=lv), strict=True):
+        close(x, e, np.float64)
+        assert x.tobytes() == w.tobytes()
+
+
 # --------------------------------------------------------------------------- returns
 
 
@@ -557,6 +583,13 @@ VARIANTS = [
     # 32 threads, 1 step each: warp 0 polls all the row's later tiles at once (lanes past tile 0).
     ("fast-full-warp", dict(threads=32, k=1, rows_min_blocks=10**9, fast_lookback=True),
      dict(threads=32, k=1, rows_min_blocks=10**9), "OPT_FASTLB"),
+    ("cload-rows", dict(ROWS, coalesced_loads=True), ROWS, "OPT_CLOAD"),
+    ("cload-lookback", dict(LOOKBACK, coalesced_loads=True), LOOKBACK, "OPT_CLOAD"),
+    ("cload-fast", dict(LOOKBACK, fast_lookback=True, coalesced_loads=True),
+     dict(LOOKBACK, fast_lookback=True), "OPT_CLOAD"),
+    # Two rows per block, 16 time-threads each (one tile of 8 steps per thread).
+    ("cload-2rows", dict(threads=64, k=8, rows_min_blocks=1, coalesced_loads=True),
+     dict(threads=64, k=8, rows_min_blocks=1), "OPT_CLOAD"),
 ]
 
 
@@ -624,7 +657,9 @@ VARIANT_PROBLEMS = ["gae-dones", "gae-f16-nan-after-done", "gae-next-values", "g
 _SOME = {"prefetch-2warps": ["gae-dones", "gae-packed"],
          "fast-longwalk": ["gae-dones", "gae-packed", "returns-mask"],
          "fast-tiny-warp": ["gae-dones", "scan-forward"],
-         "fast-full-warp": ["gae-next-values", "gae-packed"]}
+         "fast-full-warp": ["gae-next-values", "gae-packed"],
+         "cload-fast": ["gae-dones", "gae-packed", "scan-reverse"],
+         "cload-2rows": ["gae-dones", "gae-next-values", "returns-mask", "scan-forward"]}
 VARIANT_CASES = [(v, p) for v in VARIANTS for p in _SOME.get(v[0], VARIANT_PROBLEMS)]
 
 
@@ -654,7 +689,7 @@ def test_kernel_variant(variant, problem, launched):
     assert launched and all(o & getattr(kern, bit) for o in launched), "the variant was not compiled in"
     launched.clear()
     want = call(base)
-    assert launched and not any(o & kern.CT_BITS & ~(kern.OPT_MASK | kern.OPT_PACKED) for o in launched)
+    assert launched and not any(o & getattr(kern, bit) for o in launched)
     for x, w, e in zip(got, want, oracle(), strict=True):
         close(x, e, np.float32)
         assert x.tobytes() == w.tobytes(), "the variant changed the bits"
@@ -681,6 +716,34 @@ def test_kernel_variants_only_where_they_apply(case, launched):
     adv, _ = run_gae(tun, dt, r, v, 0.9, 0.8, mask=m)
     close(adv, gae_oracle(r, v, float(dt(0.9)), float(dt(0.8)), mask=m)[0], dt)
     assert launched and not any(o & (kern.OPT_FASTLB | kern.OPT_PREFETCH) for o in launched)
+
+
+@pytest.mark.parametrize("case", ["with-prefetch", "gamma-array", "lam-array"])
+def test_coalesced_loads_only_where_they_apply(case, launched):
+    # Staging needs a buffer for every per-step input (none for λ arrays, nor for γ
+    # arrays outside the linear scan), and the prefetching rows kernel keeps its loads
+    # in flight instead; the tunable then leaves the default loads.
+    from gaescan.kernels import cuda as kern
+
+    rng = np.random.default_rng(22)
+    R, T = 2, 45
+    r, v = rng.standard_normal((R, T)).astype(np.float32), rng.standard_normal((R, T)).astype(np.float32)
+    d = rng.random((R, T)) < 0.1
+    g, lam = 0.9, 0.8
+    tun = dict(LOOKBACK, coalesced_loads=True)
+    if case == "with-prefetch":
+        tun = dict(ROWS, coalesced_loads=True, prefetch=True)
+    elif case == "gamma-array":
+        g = rng.uniform(0.8, 1.0, (R, T)).astype(np.float32)
+    else:
+        lam = rng.uniform(0.8, 1.0, (R, T)).astype(np.float32)
+    adv, _ = run_gae(tun, np.float32, r, v, g, lam, term=d)
+    g32 = g if np.ndim(g) else float(np.float32(g))
+    l32 = lam if np.ndim(lam) else float(np.float32(lam))
+    close(adv, gae_oracle(r, v, g32, l32, term=d)[0], np.float32)
+    assert launched and not any(o & kern.OPT_CLOAD for o in launched)
+    if case == "with-prefetch":
+        assert all(o & kern.OPT_PREFETCH for o in launched)
 
 
 # --------------------------------------------------------------------------- fast look-back, concurrently

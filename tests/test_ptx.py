@@ -164,6 +164,20 @@ def _cases():
                 np.float32, np.float32, np.bool_, None, FL | P))
     out.append(("returns-lookback-fast-float32<-float32-mask+packed", kern.RET, kern.MODE_LOOKBACK, False,
                 np.float32, np.float32, np.bool_, None, FL | M | P))
+    # Coalesced loads through shared memory, in both drivers and with the fast look-back.
+    CL = kern.OPT_CLOAD
+    for kname, kind, fwd in kinds:
+        for mname, mode in modes:
+            out.append((f"{kname}-{mname}-cload-float32<-float32",
+                        kind, mode, fwd, np.float32, np.float32, np.bool_, None, CL))
+        out.append((f"{kname}-lookback-fast+cload-float32<-float16",
+                    kind, kern.MODE_LOOKBACK, fwd, np.float32, np.float16, np.bool_, None, FL | CL))
+    out.append(("gae-lookback-fast+cload-float32<-float32", kern.GAE_V, kern.MODE_LOOKBACK, False,
+                np.float32, np.float32, np.bool_, None, FL | CL))
+    out.append(("gae-rows-cload-float64<-float64", kern.GAE_V, kern.MODE_ROWS, False,
+                np.float64, np.float64, np.bool_, None, CL))
+    out.append(("gae-lookback-cload-float32<-float32-mask+packed", kern.GAE_V, kern.MODE_LOOKBACK, False,
+                np.float32, np.float32, np.bool_, None, CL | M | P))
     return out
 
 
@@ -194,13 +208,15 @@ def test_kernel_compiles_without_spills(toolchain, case, cc):
 C_CASES = [c for c in CASES if c[0] in ("gae-rows-float32<-float32", "gae-lookback-float32<-float32",
                                         "gae-rows-prefetch-float32<-float32", "gae-lookback-fast-float32<-float32",
                                         "returns-lookback-fast-float32<-float32",
-                                        "gae-lookback-float32<-float32-mask+packed")]
+                                        "gae-lookback-float32<-float32-mask+packed",
+                                        "gae-lookback-fast+cload-float32<-float32",
+                                        "gae-rows-cload-float32<-float32")]
 
 
 @pytest.mark.parametrize("case", C_CASES, ids=[c[0] for c in C_CASES])
 def test_c_typed_kernel_compiles_without_spills(toolchain, case):
     # The kernels the "contiguous_typing" tunable compiles for all-C-contiguous calls.
-    assert len(C_CASES) == 6
+    assert len(C_CASES) == 8
     _compile_and_check(case, CCS[-1], "C")
 
 

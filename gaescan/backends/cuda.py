@@ -80,6 +80,11 @@ TUNABLES: dict[str, Any] = {
     # look-back kernel (108 -> 96 for GAE float32, 4 -> 5 blocks of 128 per SM);
     # anything strided still takes the one layout-"A" kernel.  GPU only.
     "contiguous_typing": False,
+    # Experimental (gpu-check compares both): warps read rewards and values coalesced
+    # (consecutive lanes at consecutive steps) into shared memory, and threads take
+    # their K consecutive steps from there, mirroring the stores; not with "prefetch"
+    # (a shared-memory store waits for its load, so nothing stays in flight).
+    "coalesced_loads": False,
     # Experimental (GPU only; gpu-check compares both): launch the one compiled
     # kernel directly, skipping Numba's per-call launch configuration, argument
     # typing and stream conversion.  Also skips Numba's low-occupancy warning,
@@ -214,6 +219,9 @@ class _Launch:
                 and not (kind == kern.GAE_V and opts & kern.OPT_MASK) and get("fast_lookback"))
         if fast:
             opts |= kern.OPT_FASTLB
+        if (get("coalesced_loads") and not opts & kern.OPT_PREFETCH
+                and kern.stages_inputs(opts, kind, RW, TW)):
+            opts |= kern.OPT_CLOAD
         nsh = int(get("threads"))
         kernel = kern.get_kernel(kind, mode, fwd, self.dtype, nsh, K, opts)
         ngroups = -(-self.R // RW)
@@ -245,12 +253,11 @@ class _Launch:
             np.int64(RW), np.int64(TW), pub, flg, lbw,
         )
         key = (kind, mode, fwd, dt.str, nsh, K, opts & _CT)
+        if not self.sim or get("debug_typed_in_sim"):
+            kernel = _typed(kernel, key, args, int(get("min_blocks_per_sm")), bool(get("contiguous_typing")))
         if self.sim:
-            if get("debug_typed_in_sim"):
-                kernel = _typed(kernel, key, args, int(get("min_blocks_per_sm")), bool(get("contiguous_typing")))
             kernel[grid, (RW, TW)](*args)
         else:
-            kernel = _typed(kernel, key, args, int(get("min_blocks_per_sm")), bool(get("contiguous_typing")))
             if get("direct_launch"):
                 _launch_direct(kernel, args, grid, (RW, TW), current_stream_ptr())
             else:

@@ -559,7 +559,8 @@ def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool) -> None:
     check("direct launch: cupy non-default stream B=8 T=2^20", direct(cupy_stream))
     check("direct launch: no host synchronisation", direct(no_host_sync))
 
-    # The experimental kernel variants (tunables "prefetch", "fast_lookback", "contiguous_typing").
+    # The experimental kernel variants (tunables "prefetch", "fast_lookback", "contiguous_typing",
+    # "coalesced_loads").
     pf = dict(prefetch=True, rows_min_blocks=1)
     check("prefetch: gae rows B=512 T=3000 f32 dones (3 tiles per row, repeat)",
           variant(gae_case((512, 3000), repeat=True), **pf))
@@ -592,6 +593,23 @@ def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool) -> None:
     check("contiguous typing + prefetch: gae rows f16 inputs B=64 T=5000",
           variant(gae_case((64, 5000), np.float16), **ct, **pf))
 
+    cl = dict(coalesced_loads=True)
+    check(f"coalesced loads: gae few long rows B=4 T={N_LONG} f32 dones (repeat)",
+          variant(gae_case((4, N_LONG), repeat=True), **cl))
+    check(f"coalesced loads + fast look-back: gae B=4 T={N_LONG} f32 dones (repeat)",
+          variant(gae_case((4, N_LONG), repeat=True), **cl, **fl))
+    check("coalesced loads: gae rows B=2048 T=2000 f16 inputs",
+          variant(gae_case((2048, 2000), np.float16), **cl))
+    check("coalesced loads: gae rows f64 B=64 T=50000", variant(gae_case((64, 50000), np.float64), **cl))
+    check("coalesced loads: gae time-major axis=0 T=4096 B=8 (4 rows per warp)",
+          variant(gae_case((4096, 8), axis=0), **cl))
+    check("coalesced loads: packed f32 mask lv[S]", variant(packed(), **cl))
+    check("coalesced loads: terminated+truncated+next_values B=16 T=20000",
+          variant(tt(np.float32, (16, 20000)), **cl))
+    check("coalesced loads: discounted_returns B=1024 T=1000", variant(rets((1024, 1000)), **cl))
+    check("coalesced loads + fast look-back: linear_scan forward a[B,T] B=3 T=2^21",
+          variant(scans((3, 2**21), False, a_arr=True), **cl, **fl))
+
     def fast_vs_general():
         lens = rng.geometric(1 / 5000, size=200)
         cu = cp.asarray(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
@@ -599,15 +617,17 @@ def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool) -> None:
         rp, vp, dp = data((N,))
         r4, v4, d4 = data((8, 2**20))
         out = []
-        for tun in (dict(), fl, dict(fl, debug_skip_incl=True)):
+        for tun in (dict(), fl, dict(fl, debug_skip_incl=True), dict(fl, **cl), cl):
             with cb.override(**tun):
                 a, _ = gaescan.gae(r4, v4, gamma=0.99, lam=0.95, dones=d4, backend="cuda")
                 ap, _ = gaescan.gae(rp, vp, gamma=0.99, lam=0.95, dones=dp, cu_seqlens=cu, backend="cuda")
             out.append(_h(a).tobytes() + _h(ap).tobytes())
         if not (out[0] == out[1] == out[2]):
-            raise AssertionError("the fast look-back (or its long walks) changed the bits")
-        return "bit-identical to the general look-back, also with long walks; rows and packed"
-    check("fast look-back == general look-back, B=8 T=2^20 and packed S=200", fast_vs_general)
+            raise AssertionError("the fast look-back (its long walks, or coalesced loads) changed the bits")
+        return ("bit-identical to the general look-back, also with long walks and coalesced loads; "
+                "rows and packed")
+    check("fast look-back, coalesced loads == general look-back, B=8 T=2^20 and packed S=200",
+          fast_vs_general)
 
 
 # --------------------------------------------------------------------------- timing
@@ -848,8 +868,10 @@ def sweep(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
     # of 256 threads share an SM; more than 256 threads get that cap anyway.
     # min_blocks_per_sm=6 at 128 threads caps at 85 registers (ptxas used 80).
     ct = dict(contiguous_typing=True)  # layout-"C" kernels: 96 registers instead of 108 (look-back)
-    b256 = [base, dict(base, **fast), dict(base, **fast, **ct), dict(base, **rows), dict(base, **pf),
-            dict(base, **pf, **ct),
+    cl = dict(coalesced_loads=True)  # loads coalesced through shared memory, as the stores are
+    b256 = [base, dict(base, **fast), dict(base, **fast, **ct), dict(base, **fast, **cl),
+            dict(base, **fast, **ct, **cl), dict(base, **cl), dict(base, **rows), dict(base, **rows, **cl),
+            dict(base, **pf), dict(base, **pf, **ct), dict(threads=256, k=8, **rows, **cl),
             dict(threads=256, k=8, **rows), dict(threads=256, k=8, **pf),
             dict(threads=256, k=8, min_blocks_per_sm=2, **pf), dict(threads=256, k=8, **fast),
             dict(threads=512, k=8, **rows), dict(threads=512, k=8, **pf), dict(threads=512, k=4, **pf),
@@ -857,14 +879,16 @@ def sweep(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
             dict(base, min_blocks_per_sm=6, **fast),
             dict(threads=128, k=4), dict(threads=256, k=8), dict(threads=128, k=16), dict(threads=256, k=4),
             dict(threads=512, k=4), dict(base, min_blocks_per_sm=6)]
-    b4 = [base, dict(base, **fast), dict(base, **fast, **ct), dict(base, **ct),
+    b4 = [base, dict(base, **fast), dict(base, **fast, **ct), dict(base, **fast, **cl),
+          dict(base, **fast, **ct, **cl),
+          dict(base, **cl), dict(base, **ct), dict(threads=128, k=16, **fast, **cl),
           dict(threads=256, k=8, **fast), dict(threads=128, k=16, **fast), dict(threads=128, k=16, **fast, **ct),
           dict(threads=256, k=16, **fast), dict(base, min_blocks_per_sm=6, **fast),
           dict(threads=256, k=8), dict(threads=128, k=16), dict(threads=128, k=4), dict(threads=256, k=4),
           dict(threads=512, k=4), dict(base, min_blocks_per_sm=6)]
     # 1024 rows walk their tiles by default
-    b1024 = [base, dict(base, prefetch=True), dict(threads=256, k=8, prefetch=True),
-             dict(threads=256, k=8, prefetch=True, min_blocks_per_sm=2)]
+    b1024 = [base, dict(base, prefetch=True), dict(base, **cl), dict(threads=256, k=8, prefetch=True),
+             dict(threads=256, k=8, **cl), dict(threads=256, k=8, prefetch=True, min_blocks_per_sm=2)]
     shapes = [("B=256 T=131072", 256, 131072, b256), ("B=4 T=2^22", 4, 2**22, b4),
               ("B=1024 T=32768", 1024, 32768, b1024)]
     if quick:

@@ -60,8 +60,8 @@ Two drivers share the tile code:
   floating-point operations however far the look-back went: results are
   bit-identical run after run (the look-back only changes who does the work).
 
-Two compile-time variants (tunables ``prefetch`` and ``fast_lookback`` of the
-backend; both give the default kernels' bits):
+Three compile-time variants (tunables ``prefetch``, ``fast_lookback`` and
+``coalesced_loads`` of the backend; all give the default kernels' bits):
 
 * ``OPT_PREFETCH`` — in ``MODE_ROWS`` a thread issues the loads of its steps
   in the *next* tile before this tile's scan, so the block's loads are in
@@ -74,6 +74,15 @@ backend; both give the default kernels' bits):
   its value, so no memory fence is needed; warp 0 polls 32 tiles per round
   (``ballot_sync``) and hands the maps out with ``shfl_sync``, with one
   block barrier after the look-back instead of several per round.
+* ``OPT_CLOAD`` — the loads mirror the stores: a thread's ``K`` consecutive
+  steps make each of its float load instructions touch a different 32-byte
+  sector from its neighbour's (a warp instruction reads 32 sectors for 128
+  bytes and leans on L1 to catch the rest).  Instead, the ``yw`` time-threads
+  of a row in a warp read their ``yw*K`` steps of rewards and values (or the
+  scan's coefficients) together, consecutive lanes at consecutive steps, into
+  the output staging buffers (cast to the compute dtype), and each thread then
+  takes its ``K`` steps from there.  Flags (bytes) and next values are read
+  as before.  No extra shared memory.
 
 Look-back records (one per tile and row group, see :func:`group_record`) keep
 the maps and the states of the group's rows in separate 128-byte-aligned
@@ -126,8 +135,26 @@ OPT_LAARR = 256  # GAE: lv[nseg + s] holds last_advantage (A past sequence s), e
 # Compile-time variants (tunables "prefetch" and "fast_lookback"; see the backend).
 OPT_PREFETCH = 512  # MODE_ROWS: the next tile's loads are issued before this tile is scanned
 OPT_FASTLB = 1024  # MODE_LOOKBACK, float32, (alpha, c) maps, one row per block: fence-free words
+OPT_CLOAD = 2048  # not with OPT_PREFETCH: the warp loads its steps coalesced, through shared memory
 #: The option bits that select a compiled kernel (the others are runtime switches).
-CT_BITS = OPT_MASK | OPT_PACKED | OPT_PREFETCH | OPT_FASTLB
+CT_BITS = OPT_MASK | OPT_PACKED | OPT_PREFETCH | OPT_FASTLB | OPT_CLOAD
+
+
+
+def stages_inputs(opts: int, kind: int, rw: int, tw: int) -> bool:
+    """Whether a kernel compiled with ``OPT_CLOAD`` stages this launch's inputs.
+
+    Only where a warp holds several time-threads of a row (``warp_ys > 1``: not
+    time-major blocks, whose loads are coalesced across rows already) and no
+    per-step λ array, nor per-step γ array outside the linear scan (where it is
+    ``a``), is read: those would need staging buffers of their own.  The kernel
+    applies the same test; the backend uses this one to set the bit only where
+    it changes the code that runs.
+    """
+    yw = 32 // rw if 32 % rw == 0 else 1
+    if min(yw, tw) <= 1:
+        return False
+    return not opts & (OPT_LARR | (0 if kind == SCAN else OPT_GARR))
 
 FLAG_AGG = 1
 FLAG_INCL = 2
@@ -189,9 +216,14 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
     if FASTLB and (USE_V or dtype != np.float32):
         raise ValueError("the fast look-back packs a float32 and a flag in one 64-bit word: "
                          "float32 outputs and (alpha, c) maps only (not masked GAE)")
+    # Coalesced loads (see stage): the float inputs pass through the output buffers.
+    CLOAD = bool(CT & OPT_CLOAD) and not PREFETCH
+    GAE = KIND in (GAE_V, GAE_NEXT)
+    NOSTAGE = OPT_LARR | (0 if KIND == SCAN else OPT_GARR)  # see stages_inputs
     # Output staging for coalesced stores (see emit): NSH*K slots plus padding.
+    # 2-D (one row) so that elem reads staged inputs as it reads the arrays.
     TB_LEN = NSH * K + (NSH * K) // 32 + 1
-    TB2_LEN = TB_LEN if KIND in (GAE_V, GAE_NEXT) else 1
+    TB2_LEN = TB_LEN if GAE or (CLOAD and KIND == SCAN) else 1
 
     @cuda.jit(device=True)
     def compose(a1, b1, c1, h1, f1, a2, b2, c2, h2, f2):
@@ -259,13 +291,15 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
         return CAST(0)
 
     @cuda.jit(device=True)
-    def elem(row, t, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s):
+    def elem(row, t, srow, st, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s):
+        # r, v, g, lm at [srow, st] (staged in shared memory by stage, or the arrays'
+        # [row, t]); next values and flags always at [row, t].
         zero = CAST(0)
         one = CAST(1)
         if MASKED:
             if mask[row, t] == 0:
                 return False, one, zero, zero, zero
-        gt = CAST(g[row, t]) if opts & OPT_GARR else g_s
+        gt = CAST(g[srow, st]) if opts & OPT_GARR else g_s
         tm = False
         tr = False
         if KIND != SCAN:
@@ -273,13 +307,13 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
                 tm = term[row, t] != 0
             if opts & OPT_TRUNC:
                 tr = trunc[row, t] != 0
-        rt = CAST(r[row, t])
+        rt = CAST(r[srow, st])
         if KIND == SCAN:
             return True, gt, zero, rt, zero
         if KIND == RET:
             return True, (zero if tm else gt), zero, rt, zero
-        lt = CAST(lm[row, t]) if opts & OPT_LARR else l_s
-        vt = CAST(v[row, t])
+        lt = CAST(lm[srow, st]) if opts & OPT_LARR else l_s
+        vt = CAST(v[srow, st])
         a = zero if (tm or tr) else gt * lt
         if KIND == GAE_V:
             return True, a, (zero if tm else gt), rt - vt, vt
@@ -304,13 +338,16 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
 
     @cuda.jit(device=True)
     def load(row, u_lo, u_hi, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-             lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv, rq):
+             lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv, rq,
+             stg, sb, nxt, tb1, tb2):
         """Stage the maps of steps u_lo .. u_lo+K-1 (those < u_hi) in per-thread arrays.
 
         K is a compile-time constant, so the loop unrolls and the arrays live in
         registers; the loads of all K steps are independent of the scan chain and
         are issued back to back.  ``rs[j]``: the state restarts (segment end)
-        before step j is applied; ``rv[j]`` is the restart value.
+        before step j is applied; ``rv[j]`` is the restart value.  With ``stg``
+        the float inputs come from the buffers :func:`stage` filled (step j at
+        slot ``spos(sb + j)``; ``nxt``: the step after the last one is staged too).
         """
         zero = CAST(0)
         packed = PACKED
@@ -349,8 +386,13 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
                             rq[j] = carry_in(lv, opts, s, nseg)
                 if inside:
                     t = phys(u, T)
-                    valid, a_, b_, c_, v_ = elem(row, t, opts, r, v, nv, term, trunc, mask,
-                                                 g, lm, g_s, l_s)
+                    if CLOAD and stg:  # CLOAD first: without it the branch is not compiled
+                        # r in tb1; v (GAE) or a (scan) in tb2.
+                        valid, a_, b_, c_, v_ = elem(row, t, 0, spos(sb + j), opts, tb1, tb2, nv, term,
+                                                     trunc, mask, tb2, lm, g_s, l_s)
+                    else:
+                        valid, a_, b_, c_, v_ = elem(row, t, row, t, opts, r, v, nv, term, trunc, mask,
+                                                     g, lm, g_s, l_s)
                     ok[j] = valid
                     ea[j] = a_
                     eb[j] = b_
@@ -370,6 +412,8 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
                         vn = boundary(lv, lv_s, opts, row)
                     elif j + 1 < K:
                         vn = ev[j + 1]
+                    elif CLOAD and stg and nxt:
+                        vn = tb2[0, spos(sb + K)]
                     else:
                         vn = CAST(v[row, phys(u + 1, T)])
                     ec[j] = cuda.fma(eb[j], vn, ec[j])
@@ -406,6 +450,42 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
         return i + i // 32
 
     @cuda.jit(device=True)
+    def stage(row, live, x, y, RW, yw, wmask, ut, T, opts, r, v, g, tb1, tb2):
+        """Coalesced loads of a tile's float inputs into shared memory (``OPT_CLOAD``).
+
+        The ``yw`` time-threads of row ``x`` in a warp own ``yw*K`` consecutive
+        steps; they read them together, lane ``yl`` at steps ``yl, yl+yw, ...``
+        of the run, into the slots :func:`emit` uses for the stores: rewards in
+        ``tb1``, values (GAE) or the coefficients ``a`` (scan) in ``tb2``.  The
+        flags (bytes, 8 consecutive per thread: whole sectors per warp) and next
+        values stay where they are.  Every lane of the warp must call this.
+        Returns ``(stg, sb, nxt)`` for :func:`load`: whether the inputs were
+        staged, the thread's first slot, and whether the step after its last
+        one is staged as well (it is a later lane's).
+        """
+        yl = y % yw
+        slot0 = ((y // yw) * RW + x) * (yw * K)
+        stg = CLOAD and yw > 1 and (opts & NOSTAGE) == 0
+        if stg:
+            # No syncwarp first: a lane writes exactly the slots it read itself at the
+            # end of the last tile's emit, and the slots are the warp's own.
+            if live:
+                ug = ut + (y // yw) * (yw * K)  # first step of the yw threads' run
+                for i in range(K):
+                    e = i * yw + yl
+                    u = ug + e
+                    if u < T:
+                        t = phys(u, T)
+                        sl = spos(slot0 + e)
+                        tb1[0, sl] = CAST(r[row, t])
+                        if GAE:
+                            tb2[0, sl] = CAST(v[row, t])
+                        if KIND == SCAN and opts & OPT_GARR:
+                            tb2[0, sl] = CAST(g[row, t])
+            cuda.syncwarp(wmask)
+        return stg, slot0 + yl * K, yl + 1 < yw
+
+    @cuda.jit(device=True)
     def emit(row, live, x, y, RW, yw, wmask, ut, u_lo, u_hi, T, ok, ea, eb, ec, ev, rs, rv, rq, A, Vn,
              out1, out2, tb1, tb2):
         """Run the staged steps concretely from state (A, Vn) and write the outputs.
@@ -437,9 +517,9 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
                         if two:
                             o2 = A + ev[j]
                     if yw > 1:
-                        tb1[spos(slot0 + yl * K + j)] = o1
+                        tb1[0, spos(slot0 + yl * K + j)] = o1
                         if two:
-                            tb2[spos(slot0 + yl * K + j)] = o2
+                            tb2[0, spos(slot0 + yl * K + j)] = o2
                     else:
                         t = phys(u, T)
                         out1[row, t] = o1
@@ -454,9 +534,9 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
                     u = ug + e
                     if u < T:
                         t = phys(u, T)
-                        out1[row, t] = tb1[spos(slot0 + e)]
+                        out1[row, t] = tb1[0, spos(slot0 + e)]
                         if two:
-                            out2[row, t] = tb2[spos(slot0 + e)]
+                            out2[row, t] = tb2[0, spos(slot0 + e)]
             # No trailing syncwarp: tb is next written after the next block scan's barrier.
         return A, Vn
 
@@ -656,8 +736,8 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
     def kernel(r, v, nv, term, trunc, mask, g, lm, lv, cu, out1, out2,
                g_s, l_s, lv_s, opts, R, T, nseg, RW, TW, pub, flg, lbw):
         sh = cuda.shared.array((NF, NSH), NBT)
-        sh_tb1 = cuda.shared.array(TB_LEN, NBT)
-        sh_tb2 = cuda.shared.array(TB2_LEN, NBT)
+        sh_tb1 = cuda.shared.array((1, TB_LEN), NBT)
+        sh_tb2 = cuda.shared.array((1, TB2_LEN), NBT)
         ok = cuda.local.array(K, np.bool_)
         rs = cuda.local.array(K, np.bool_)
         ea = cuda.local.array(K, NBT)
@@ -702,7 +782,8 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
             if PREFETCH and live:
                 u0, u1 = span(ti, y, tile, T)
                 load(rr, u0, u1, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-                     lv, lv_s, cu, nseg, pok, pea, peb, pec, pev, prs, prv, prq)
+                     lv, lv_s, cu, nseg, pok, pea, peb, pec, pev, prs, prv, prq,
+                     False, 0, False, sh_tb1, sh_tb2)
             while ti >= 0:
                 u0, u1 = span(ti, y, tile, T)
                 if PREFETCH:
@@ -720,10 +801,15 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
                         # only where its value is used, so they overlap this tile.
                         n0, n1 = span(ti - 1, y, tile, T)
                         load(rr, n0, n1, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-                             lv, lv_s, cu, nseg, pok, pea, peb, pec, pev, prs, prv, prq)
-                elif live:
-                    load(rr, u0, u1, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-                         lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv, rq)
+                             lv, lv_s, cu, nseg, pok, pea, peb, pec, pev, prs, prv, prq,
+                             False, 0, False, sh_tb1, sh_tb2)
+                else:
+                    stg, sb, nxt = stage(rr, live, x, y, RW, yw, wmask, ti * tile, T, opts, r, v, g,
+                                         sh_tb1, sh_tb2)
+                    if live:
+                        load(rr, u0, u1, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
+                             lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv, rq,
+                             stg, sb, nxt, sh_tb1, sh_tb2)
                 if live:
                     ma, mb, mc, mh, mf = fold(ok, ea, eb, ec, ev, rs, rv, rq)
                 else:
@@ -754,9 +840,11 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
             live = row < R
             rr = row if live else 0
             u0, u1 = span(ti, y, tile, T)
+            stg, sb, nxt = stage(rr, live, x, y, RW, yw, wmask, ti * tile, T, opts, r, v, g, sh_tb1, sh_tb2)
             if live:
                 load(rr, u0, u1, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-                     lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv, rq)
+                     lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv, rq,
+                     stg, sb, nxt, sh_tb1, sh_tb2)
                 ma, mb, mc, mh, mf = fold(ok, ea, eb, ec, ev, rs, rv, rq)
             else:
                 ma, mb, mc, mh, mf = CAST(1), zero, zero, False, zero
