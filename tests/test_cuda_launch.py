@@ -99,3 +99,151 @@ def test_contiguous_typing_types_all_arrays_c_only_when_all_are(compiles, contig
         assert layouts == [{"C"}, {"A"}] and k_c != k_s and k_s == k_b
     else:
         assert layouts == [{"A"}] and k_c == k_s == k_b
+
+
+# --------------------------------------------------------------------------- raw launch
+
+
+class _CupyLike:
+    """What the raw launch reads of a CuPy array (``data.ptr`` is the first element's address)."""
+
+    def __init__(self, ptr, shape, strides, itemsize) -> None:
+        from types import SimpleNamespace
+
+        self.data = SimpleNamespace(ptr=ptr)
+        self.shape, self.strides, self.itemsize = shape, strides, itemsize
+        self.size = 1
+        for n in shape:
+            self.size *= n
+
+
+def test_flat_array_is_what_numba_passes_for_an_array(monkeypatch):
+    # Numba's own argument preparation, given a device array with the same pointer,
+    # shape and strides, must produce the values the raw launch packs.
+    import numba.cuda.dispatcher as disp
+    import numpy as np
+    from numba.core import types
+
+    if not hasattr(getattr(disp, "_Kernel", None), "_prepare_args"):
+        pytest.skip("this numba-cuda prepares kernel arguments elsewhere")
+    from types import SimpleNamespace
+
+    x = _CupyLike(0x7F0000001000, (3, 5), (40, -8), 8)
+    dev = SimpleNamespace(size=15, dtype=np.dtype(np.float64), ptr=0x7F0000001000, shape=(3, 5),
+                          _layout=SimpleNamespace(strides_in_bytes=(40, -8)))
+    monkeypatch.setattr(disp, "wrap_arg", lambda v: SimpleNamespace(to_device=lambda retr, stream: dev))
+    got: list = []
+    disp._Kernel._prepare_args(SimpleNamespace(extensions=[]), types.Array(types.float64, 2, "A"), x, 0, [], got)
+    assert tuple(int(v) for v in got) == cb.flat_array(x) == (0, 0, 15, 8, 0x7F0000001000, 3, 5, 40, -8)
+
+
+def test_flat_array_of_an_array_interface_object():
+    class Cai:
+        __cuda_array_interface__ = {"shape": (2, 3), "typestr": "<f4", "data": (4096, False),
+                                    "strides": None, "version": 3}
+
+    assert cb.flat_array(Cai()) == (0, 0, 6, 4, 4096, 2, 3, 12, 4)
+
+
+class _RawCompiled:
+    """A compiled kernel as the raw launch reads it: its argument types and driver handle."""
+
+    def __init__(self, argument_types) -> None:
+        from types import SimpleNamespace
+
+        self.argument_types = argument_types
+        self._codelibrary = SimpleNamespace(get_cufunc=lambda: SimpleNamespace(handle=0xABC))
+
+
+class _RawDispatcher:
+    def __init__(self, overloads) -> None:
+        self.overloads = overloads
+
+
+def test_raw_launch_packs_every_parameter_in_one_buffer(monkeypatch):
+    import ctypes
+    import struct
+    import sys
+    from types import ModuleType, SimpleNamespace
+
+    import numpy as np
+    from numba.core import types
+
+    calls = []
+
+    def launch_kernel(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        # The driver copies the parameters during the call: read them now.
+        words = (ctypes.c_void_p * 5).from_address(extra)
+        size = ctypes.c_size_t.from_address(words[3]).value
+        calls.append(((f, gx, gy, gz, bx, by, bz, smem, stream, params),
+                      (words[0], words[2], words[4]), ctypes.string_at(words[1], size)))
+
+    cupy = ModuleType("cupy")
+    cupy.cuda = SimpleNamespace(driver=SimpleNamespace(launchKernel=launch_kernel))
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setattr(cb, "_raw_kernels", {})
+    sig = (types.Array(types.float32, 2, "A"), types.float32, types.int64, types.Array(types.uint64, 1, "A"))
+    d = _RawDispatcher({"sig": _RawCompiled(sig)})
+    a = _CupyLike(0x1000, (2, 7), (28, 4), 4)
+    b = _CupyLike(0x2000, (9,), (8,), 8)
+    cb._launch_raw(d, 0, (a, np.float32(0.5), np.int64(-3), b), 12, (1, 128), 777)
+    cb._launch_raw(d, 0, (a, np.float32(2.0), np.int64(4), b), 3, (4, 32), 0)
+    fmt = "@" + "q" * 9 + "f" + "q" + "q" * 7
+    assert cb.param_format(sig) == fmt and struct.calcsize(fmt) == 72 + 4 + 4 + 8 + 56  # 4 bytes of padding
+    (l1, x1, p1), (l2, x2, p2) = calls
+    assert l1 == (0xABC, 12, 1, 1, 1, 128, 1, 0, 777, 0) and l2 == (0xABC, 3, 1, 1, 4, 32, 1, 0, 0, 0)
+    # CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE, CU_LAUNCH_PARAM_END (NULL).
+    assert x1 == x2 == (1, 2, None)
+    assert struct.unpack(fmt, p1) == (0, 0, 14, 4, 0x1000, 2, 7, 28, 4, 0.5, -3, 0, 0, 9, 8, 0x2000, 9, 8)
+    assert struct.unpack(fmt, p2)[9:11] == (2.0, 4)
+
+
+def test_raw_launch_refuses_a_dispatcher_without_exactly_one_kernel(monkeypatch):
+    import sys
+    from types import ModuleType
+
+    monkeypatch.setitem(sys.modules, "cupy", ModuleType("cupy"))
+    monkeypatch.setattr(cb, "_raw_kernels", {})
+    with pytest.raises(RuntimeError, match="exactly one signature.*raw_launch"):
+        cb._launch_raw(_RawDispatcher({}), 0, (), 1, (1, 1), 0)
+
+
+def test_raw_launch_refuses_a_parameter_it_cannot_pack():
+    from numba.core import types
+
+    with pytest.raises(TypeError, match="complex128.*raw_launch"):
+        cb.param_format((types.complex128,))
+
+
+def test_raw_launch_hands_the_callers_arrays_to_the_launch(monkeypatch):
+    # The whole host path of a call with raw_launch on, the GPU faked: the problem's own
+    # arrays reach the launch (no device-array views), with the placeholders for the rest.
+    import numpy as np
+
+    from gaescan._problem import GAEProblem, Rows
+
+    seen = {}
+    monkeypatch.setattr(cb, "is_simulator", lambda: False)
+    monkeypatch.setattr(cb.cuda, "get_current_device", lambda: type("D", (), {"id": 0})())
+    monkeypatch.setattr(cb, "_dummy", lambda dev, dtype, ndim: ("dummy", np.dtype(dtype).str, ndim))
+    monkeypatch.setattr(cb, "current_stream_ptr", lambda: 4242)
+    monkeypatch.setattr(cb, "_typed", lambda kernel, key, args, *a: ("typed", key))
+    monkeypatch.setattr(cb.kern, "get_kernel", lambda *a: "kernel")
+
+    def launch(kernel, dev, args, grid, block, ptr):
+        seen.update(kernel=kernel, dev=dev, args=args, grid=grid, block=block, ptr=ptr)
+
+    monkeypatch.setattr(cb, "_launch_raw", launch)
+    R, T = 4, 3000
+    r, v = np.zeros((R, T), np.float32), np.ones((R, T), np.float32)
+    d = np.zeros((R, T), np.bool_)
+    adv, ret = np.empty((R, T), np.float32), np.empty((R, T), np.float32)
+    p = GAEProblem(rows=Rows(xp=np, dtype=np.dtype(np.float32), R=R, T=T, cu_seqlens=None, nseg=R),
+                   rewards=r, values=v, next_values=None, terminated=d, truncated=None, mask=None,
+                   gamma=0.99, lam=0.95, last_value=0.0, advantages=adv, returns=ret)
+    with cb.override(raw_launch=True, rows_min_blocks=1):
+        cb.gae(p)
+    a = seen["args"]
+    assert a[0] is r and a[1] is v and a[3] is d and a[10] is adv and a[11] is ret
+    assert a[2] == ("dummy", "<f4", 2) and seen["ptr"] == 4242 and seen["dev"] == 0
+    assert seen["kernel"][0] == "typed" and seen["grid"] == R and seen["block"] == (1, 128)

@@ -296,3 +296,51 @@ def test_gpu_check_access_probes_compile(toolchain):
         ptx, _ = cuda.compile_ptx(k.py_func, (f32, f32, b1, f32, f32, types.int64), cc=cc)
         info = _ptxas_info(ptx, cc)
         assert "Used" in info and "spill" in info
+
+
+_PTX_SIZES = {"u8": 1, "s8": 1, "b8": 1, "u16": 2, "s16": 2, "b16": 2, "f16": 2, "u32": 4, "s32": 4, "b32": 4,
+              "f32": 4, "u64": 8, "s64": 8, "b64": 8, "f64": 8}
+
+
+def _ptx_param_layout(ptx: str) -> list[tuple[int, int]]:
+    """(offset, size) of each parameter of the PTX entry, laid out as a C struct."""
+    head = ptx[ptx.index(".entry"):]
+    head = head[: head.index(")")]
+    out, off = [], 0
+    for m in re.finditer(r"\.param\s+(?:\.align\s+(\d+)\s+)?\.(\w+)\s+\S+?(?:\[(\d+)\])?\s*[,\n]", head + "\n"):
+        align, kind, count = m.group(1), m.group(2), m.group(3)
+        size = _PTX_SIZES[kind] * (int(count) if count else 1)
+        a = int(align) if align else _PTX_SIZES[kind]
+        off = -(-off // a) * a
+        out.append((off, size))
+        off += size
+    return out
+
+
+def _struct_layout(fmt: str) -> list[tuple[int, int]]:
+    import struct
+
+    out = []
+    for i in range(1, len(fmt)):
+        code = fmt[i]
+        end = struct.calcsize(fmt[: i + 1])
+        out.append((end - struct.calcsize("=" + code), struct.calcsize("=" + code)))
+    return out
+
+
+@pytest.mark.parametrize("out,mode", [(np.float32, "rows"), (np.float64, "lookback")])
+def test_raw_launch_parameter_buffer_matches_the_kernel(toolchain, out, mode):
+    # The "raw_launch" tunable packs the parameters itself: every one must sit at the
+    # offset, and have the size, that the compiled kernel's entry declares.
+    from gaescan.backends import cuda as cb
+    from gaescan.kernels import cuda as kern
+
+    cc = CCS[-1]
+    _FakeDevice.cc = cc
+    m = kern.MODE_ROWS if mode == "rows" else kern.MODE_LOOKBACK
+    k = kern._build(kern.GAE_V, m, False, np.dtype(out), 128, 4, 0)
+    sig = _sig(kern.GAE_V, out, np.float16, np.uint8)
+    ptx, _ = cuda.compile_ptx(k.py_func, sig, cc=cc)
+    want = _ptx_param_layout(ptx)
+    assert len(want) == 134
+    assert _struct_layout(cb.param_format(sig)) == want

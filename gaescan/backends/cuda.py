@@ -30,6 +30,8 @@ every tile, block and chunk boundary).
 
 from __future__ import annotations
 
+import ctypes
+import struct
 import threading
 from typing import Any
 
@@ -90,6 +92,10 @@ TUNABLES: dict[str, Any] = {
     # typing and stream conversion.  Also skips Numba's low-occupancy warning,
     # which small problems (a few blocks, by design) otherwise trigger.
     "direct_launch": False,
+    # Experimental (GPU, CuPy; gpu-check compares it): pack the kernel's parameters
+    # into one buffer in Python and launch through the CUDA driver (cuLaunchKernel via
+    # CuPy), skipping Numba's per-argument launch work and the device-array views.
+    "raw_launch": False,
     # Tests only: most look-back tiles never publish their state, so later tiles
     # walk (and apply) long runs of published maps.  Results are unchanged.
     "debug_skip_incl": False,
@@ -164,6 +170,8 @@ class _Launch:
 
     def __init__(self, rows: Any, ref: Any) -> None:
         self.sim = is_simulator()
+        # The arrays themselves go to the raw launch (their pointers, shapes and strides).
+        self.raw = not self.sim and bool(get("raw_launch"))
         # Looked up once per call: the device of the placeholder arrays.
         self.dev = -1 if self.sim else cuda.get_current_device().id
         self.xp = rows.xp
@@ -184,6 +192,8 @@ class _Launch:
             from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
             return FakeCUDAArray(x)
+        if self.raw:
+            return x
         return _device_view(x)
 
     def geometry(self) -> tuple[int, int, int, int, int]:
@@ -257,6 +267,8 @@ class _Launch:
             kernel = _typed(kernel, key, args, int(get("min_blocks_per_sm")), bool(get("contiguous_typing")))
         if self.sim:
             kernel[grid, (RW, TW)](*args)
+        elif self.raw:
+            _launch_raw(kernel, self.dev, args, grid, (RW, TW), current_stream_ptr())
         else:
             if get("direct_launch"):
                 _launch_direct(kernel, args, grid, (RW, TW), current_stream_ptr())
@@ -296,6 +308,116 @@ def _launch_direct(dispatcher: Any, args: tuple, grid: int, block: tuple[int, in
                                f"found {len(compiled)}; set the 'direct_launch' tunable to False")
         k = _direct_kernels[dispatcher] = compiled[0]
     k.launch(args, (grid, 1, 1), (block[0], block[1], 1), _core_stream(ptr), 0)
+
+
+class _RawKernel:
+    """One compiled kernel's handle and its parameter buffer, for :func:`_launch_raw`."""
+
+    __slots__ = ("handle", "fmt", "arrays", "buf", "size", "extra", "extra_ptr")
+
+    def __init__(self, handle: int, argument_types: Any) -> None:
+        self.handle = handle
+        self.fmt = param_format(argument_types)
+        self.arrays = tuple(isinstance(t, types.Array) for t in argument_types)
+        self.buf = ctypes.create_string_buffer(max(struct.calcsize(self.fmt), 1))
+        self.size = ctypes.c_size_t(struct.calcsize(self.fmt))
+        # cuLaunchKernel's ``extra``: the parameters as one buffer of that size.
+        self.extra = (ctypes.c_void_p * 5)(_CU_LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(self.buf),
+                                           _CU_LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(self.size),
+                                           _CU_LAUNCH_PARAM_END)
+        self.extra_ptr = ctypes.addressof(self.extra)
+
+
+_CU_LAUNCH_PARAM_END = 0
+_CU_LAUNCH_PARAM_BUFFER_POINTER = 1
+_CU_LAUNCH_PARAM_BUFFER_SIZE = 2
+_SCALAR_CODES = {"int64": "q", "uint64": "Q", "int32": "i", "uint32": "I", "float32": "f", "float64": "d"}
+
+
+def param_format(argument_types: Any) -> str:
+    """The :mod:`struct` format (native alignment) of a Numba kernel's parameters.
+
+    Numba passes an array as ``meminfo, parent, nitems, itemsize, data,
+    shape..., strides...`` (pointer-sized each); scalars as themselves.  Packed
+    with C alignment, as ``cuLaunchKernel`` reads a parameter buffer.
+    """
+    codes = []
+    for t in argument_types:
+        if isinstance(t, types.Array):
+            codes.append("q" * (5 + 2 * t.ndim))
+        else:
+            code = _SCALAR_CODES.get(str(t))
+            if code is None:
+                raise TypeError(f"raw_launch: no parameter format for a {t} argument; "
+                                "set the 'raw_launch' tunable to False")
+            codes.append(code)
+    return "@" + "".join(codes)
+
+
+_flat_cache: dict[int, tuple] = {}
+
+
+def flat_array(x: Any) -> tuple:
+    """An array argument as Numba's kernel ABI passes it (see :func:`param_format`)."""
+    try:  # CuPy arrays: plain attribute reads
+        return (0, 0, x.size, x.itemsize, x.data.ptr) + tuple(x.shape) + tuple(x.strides)
+    except AttributeError:
+        pass
+    f = _flat_cache.get(id(x))
+    if f is None:
+        # Numba device arrays (the never-read placeholders, which live for the
+        # process, hence the cache by id) and any array-interface object.
+        cai = x.__cuda_array_interface__
+        shape = tuple(cai["shape"])
+        itemsize = np.dtype(cai["typestr"]).itemsize
+        strides = cai.get("strides")
+        if strides is None:
+            strides, step = [], itemsize
+            for n in reversed(shape):
+                strides.insert(0, step)
+                step *= n
+        size = int(np.prod(shape, dtype=np.int64))
+        f = (0, 0, size, itemsize, cai["data"][0]) + shape + tuple(strides)
+        if any(x is d for d in _dummies.values()):
+            _flat_cache[id(x)] = f
+    return f
+
+
+_raw_kernels: dict[tuple, _RawKernel] = {}
+_raw_lock = threading.Lock()
+
+
+def _launch_raw(dispatcher: Any, dev: int, args: tuple, grid: int, block: tuple[int, int], ptr: int) -> None:
+    """Launch the single compiled kernel of an explicit-signature dispatcher through the driver.
+
+    The same kernel, parameters, grid, block and stream as
+    ``dispatcher[grid, block, stream](*args)``; the parameters are packed in
+    one buffer (``CU_LAUNCH_PARAM_BUFFER_POINTER``), which the driver copies
+    before ``cuLaunchKernel`` returns.
+    """
+    import cupy
+
+    rk = _raw_kernels.get((dispatcher, dev))
+    if rk is None:
+        compiled = list(dispatcher.overloads.values())
+        if len(compiled) != 1:
+            raise RuntimeError(f"raw_launch needs a kernel compiled for exactly one signature, "
+                               f"found {len(compiled)}; set the 'raw_launch' tunable to False")
+        k = compiled[0]
+        # A CUkernel (library API; cuLaunchKernel takes it for a CUfunction and launches
+        # it in the current context) or a CUfunction (a ctypes handle in older Numbas).
+        h = k._codelibrary.get_cufunc().handle
+        h = h.value if isinstance(h, ctypes.c_void_p) else int(h)
+        rk = _raw_kernels[(dispatcher, dev)] = _RawKernel(h, k.argument_types)
+    vals: list = []
+    for x, is_array in zip(args, rk.arrays, strict=True):
+        if is_array:
+            vals.extend(flat_array(x))
+        else:
+            vals.append(x)
+    with _raw_lock:
+        struct.pack_into(rk.fmt, rk.buf, 0, *vals)
+        cupy.cuda.driver.launchKernel(rk.handle, grid, 1, 1, block[0], block[1], 1, 0, ptr, 0, rk.extra_ptr)
 
 
 _typed_cache: dict[tuple, Any] = {}

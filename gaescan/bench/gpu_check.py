@@ -559,6 +559,25 @@ def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool) -> None:
     check("direct launch: cupy non-default stream B=8 T=2^20", direct(cupy_stream))
     check("direct launch: no host synchronisation", direct(no_host_sync))
 
+    # The experimental raw launch (tunable "raw_launch"): parameters packed in Python,
+    # cuLaunchKernel through CuPy.  Every dtype and option changes the parameter list.
+    def raw(case):
+        return variant(case, raw_launch=True)
+    check("raw launch: gae many rows B=512 T=300 f32 dones", raw(gae_case((512, 300))))
+    check("raw launch: gae few long rows B=4 T=2^20 f32 dones (repeat)",
+          raw(gae_case((4, 2**20), repeat=True)))
+    check("raw launch: gae f64 time-major axis=0 T=3000 B=256",
+          raw(gae_case((3000, 256), np.float64, axis=0)))
+    check("raw launch: gae f16 inputs B=64 T=5000", raw(gae_case((64, 5000), np.float16)))
+    check("raw launch: packed f32 mask lv[S]", raw(packed()))
+    check("raw launch: terminated+truncated+next_values B=16 T=20000", raw(tt(np.float32, (16, 20000))))
+    check("raw launch: discounted_returns B=1024 T=1000", raw(rets((1024, 1000))))
+    check("raw launch: linear_scan forward a[B,T] B=512 T=4000", raw(scans((512, 4000), False, a_arr=True)))
+    check("raw launch: cupy non-default stream B=8 T=2^20", raw(cupy_stream))
+    check("raw launch: no host synchronisation", raw(no_host_sync))
+    if torch is not None and torch.cuda.is_available():
+        check("raw launch: torch non-default stream B=8 T=2^20", raw(torch_stream))
+
     # The experimental kernel variants (tunables "prefetch", "fast_lookback", "contiguous_typing",
     # "coalesced_loads").
     pf = dict(prefetch=True, rows_min_blocks=1)
@@ -743,6 +762,8 @@ def benchmarks(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
             row["host us/call"] = _host_us(cp, f)
             with cb.override(direct_launch=True):
                 row["host us direct"] = _host_us(cp, f)
+            with cb.override(raw_launch=True):
+                row["host us raw"] = _host_us(cp, f)
         rr, vv, dd = (x if axis == -1 else x.T for x in (r, v, d))
         if baselines is not None:  # serial loop on CuPy, capped and extrapolated
             Tc = min(T, 4096 if not quick else 1024)
@@ -790,9 +811,9 @@ def benchmarks(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
         return f"{x!s:>10}" if x is not None else f"{'-':>10}"
 
     cols = ["gaescan ms", "GB/s", "copy ms", "copy GB/s", "frac", "host us/call", "host us direct",
-            "serial ms", "numpy-backend ms", "CxC chunk ms", "published chunk ms"]
-    heads = ["cuda ms", "GB/s", "copy ms", "copy GB/s", "frac", "host us", "host direct", "serial ms",
-             "numpy-bk ms", "CxC ms", "publ. ms"]
+            "host us raw", "serial ms", "numpy-backend ms", "CxC chunk ms", "published chunk ms"]
+    heads = ["cuda ms", "GB/s", "copy ms", "copy GB/s", "frac", "host us", "host direct", "host raw",
+             "serial ms", "numpy-bk ms", "CxC ms", "publ. ms"]
     print()
     print("GAE float32 with dones (17 bytes/step: 4 r + 4 V + 1 done read, 4 adv + 4 ret written).")
     print("copy = cudaMemcpyAsync device-to-device of 17N/2 bytes (17N bytes of traffic) = the roofline;")
@@ -800,8 +821,9 @@ def benchmarks(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
     print("CxC chunk = local C=256 kernel-matmul chunk scan (constant gamma*lam, NO dones: not the same")
     print("problem, a speed reference).  published chunk = gaescan.bench.baselines.chunk_scan_gae (no dones).")
     print("numpy-bk = gaescan.gae(..., backend='numpy') on the same CuPy arrays (with dones).")
-    print("host us = host time per call of back-to-back small calls; host direct = the same with the")
-    print("experimental direct_launch tunable (no Numba launch configuration per call).")
+    print("host us = host time per call of back-to-back small calls; host direct / host raw = the same")
+    print("with the experimental direct_launch (no Numba launch configuration per call) / raw_launch")
+    print("(parameters packed in Python, cuLaunchKernel through CuPy) tunables.")
     print(f"{'shape':<26s}" + "".join(f"{h:>11s}" for h in heads))
     for row in rows:
         print(f"{row['shape']:<26s}" + "".join(" " + fmt(row.get(c)) for c in cols))
@@ -944,8 +966,8 @@ def host_profile(cp: Any, gaescan: Any, calls: int = 300, top: int = 18) -> None
 
     from gaescan.backends import cuda as cb
 
-    for direct in (False, True):
-        with cb.override(direct_launch=direct):
+    for tun in (dict(), dict(direct_launch=True), dict(raw_launch=True)):
+        with cb.override(**tun):
             for _ in range(20):
                 f()
             cp.cuda.get_current_stream().synchronize()
@@ -958,7 +980,7 @@ def host_profile(cp: Any, gaescan: Any, calls: int = 300, top: int = 18) -> None
         buf = io.StringIO()
         pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
         print()
-        print(f"host profile (direct_launch={direct}): {calls} calls of gae(B=8, T=1024, dones, out=...) "
+        print(f"host profile ({tun or 'default launch'}): {calls} calls of gae(B=8, T=1024, dones, out=...) "
               "on the cuda backend (cProfile adds its own overhead; compare the rows, not the total)")
         print(buf.getvalue().rstrip())
 
