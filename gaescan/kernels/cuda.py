@@ -132,13 +132,12 @@ OPT_LVARR = 32
 OPT_PACKED = 64
 OPT_DEBUG_SKIP = 128  # tests only: most tiles never publish their state (longer look-backs)
 OPT_LAARR = 256  # GAE: lv[nseg + s] holds last_advantage (A past sequence s), else 0
-# Compile-time variants (tunables "prefetch" and "fast_lookback"; see the backend).
+# Compile-time variants (tunables "prefetch", "fast_lookback", "coalesced_loads"; see the backend).
 OPT_PREFETCH = 512  # MODE_ROWS: the next tile's loads are issued before this tile is scanned
 OPT_FASTLB = 1024  # MODE_LOOKBACK, float32, (alpha, c) maps, one row per block: fence-free words
 OPT_CLOAD = 2048  # not with OPT_PREFETCH: the warp loads its steps coalesced, through shared memory
 #: The option bits that select a compiled kernel (the others are runtime switches).
 CT_BITS = OPT_MASK | OPT_PACKED | OPT_PREFETCH | OPT_FASTLB | OPT_CLOAD
-
 
 
 def stages_inputs(opts: int, kind: int, rw: int, tw: int) -> bool:
@@ -457,8 +456,8 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
         steps; they read them together, lane ``yl`` at steps ``yl, yl+yw, ...``
         of the run, into the slots :func:`emit` uses for the stores: rewards in
         ``tb1``, values (GAE) or the coefficients ``a`` (scan) in ``tb2``.  The
-        flags (bytes, 8 consecutive per thread: whole sectors per warp) and next
-        values stay where they are.  Every lane of the warp must call this.
+        flags (bytes: a warp's load instruction spans 8 sectors, not 32) and next
+        values are read where they are.  Every lane of the warp must call this.
         Returns ``(stg, sb, nxt)`` for :func:`load`: whether the inputs were
         staged, the thread's first slot, and whether the step after its last
         one is staged as well (it is a later lane's).
@@ -537,7 +536,8 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
                         out1[row, t] = tb1[0, spos(slot0 + e)]
                         if two:
                             out2[row, t] = tb2[0, spos(slot0 + e)]
-            # No trailing syncwarp: tb is next written after the next block scan's barrier.
+            # No trailing syncwarp: tb is next written after the next block scan's barrier,
+            # or (OPT_CLOAD) by stage, where each lane writes just the slots it read here.
         return A, Vn
 
     @cuda.jit(device=True)
