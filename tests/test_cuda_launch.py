@@ -145,6 +145,22 @@ def test_flat_array_of_an_array_interface_object():
     assert cb.flat_array(Cai()) == (0, 0, 6, 4, 4096, 2, 3, 12, 4)
 
 
+def test_flat_array_remembers_only_the_placeholders(monkeypatch):
+    class Cai:
+        def __init__(self, ptr):
+            self.__cuda_array_interface__ = {"shape": (1,), "typestr": "|b1", "data": (ptr, False),
+                                             "strides": None, "version": 3}
+
+    dummy, other = Cai(512), Cai(1024)
+    monkeypatch.setattr(cb, "_dummies", {("dev", "b1", 1): dummy})
+    monkeypatch.setattr(cb, "_flat_cache", {})
+    assert cb.flat_array(dummy) == (0, 0, 1, 1, 512, 1, 1) and cb.flat_array(other)[4] == 1024
+    dummy.__cuda_array_interface__ = other.__cuda_array_interface__ = None  # no longer readable
+    assert cb.flat_array(dummy)[4] == 512
+    with pytest.raises(TypeError):
+        cb.flat_array(other)
+
+
 class _RawCompiled:
     """A compiled kernel as the raw launch reads it: its argument types and driver handle."""
 

@@ -359,27 +359,29 @@ _flat_cache: dict[int, tuple] = {}
 
 def flat_array(x: Any) -> tuple:
     """An array argument as Numba's kernel ABI passes it (see :func:`param_format`)."""
+    # The never-read placeholders (Numba device arrays) live for the process, so
+    # their ids are theirs: looked up first, they cost no failed attribute read.
+    f = _flat_cache.get(id(x))
+    if f is not None:
+        return f
     try:  # CuPy arrays: plain attribute reads
         return (0, 0, x.size, x.itemsize, x.data.ptr) + tuple(x.shape) + tuple(x.strides)
     except AttributeError:
         pass
-    f = _flat_cache.get(id(x))
-    if f is None:
-        # Numba device arrays (the never-read placeholders, which live for the
-        # process, hence the cache by id) and any array-interface object.
-        cai = x.__cuda_array_interface__
-        shape = tuple(cai["shape"])
-        itemsize = np.dtype(cai["typestr"]).itemsize
-        strides = cai.get("strides")
-        if strides is None:
-            strides, step = [], itemsize
-            for n in reversed(shape):
-                strides.insert(0, step)
-                step *= n
-        size = int(np.prod(shape, dtype=np.int64))
-        f = (0, 0, size, itemsize, cai["data"][0]) + shape + tuple(strides)
-        if any(x is d for d in _dummies.values()):
-            _flat_cache[id(x)] = f
+    # Numba device arrays and any other array-interface object.
+    cai = x.__cuda_array_interface__
+    shape = tuple(cai["shape"])
+    itemsize = np.dtype(cai["typestr"]).itemsize
+    strides = cai.get("strides")
+    if strides is None:
+        strides, step = [], itemsize
+        for n in reversed(shape):
+            strides.insert(0, step)
+            step *= n
+    size = int(np.prod(shape, dtype=np.int64))
+    f = (0, 0, size, itemsize, cai["data"][0]) + shape + tuple(strides)
+    if any(x is d for d in _dummies.values()):
+        _flat_cache[id(x)] = f
     return f
 
 
