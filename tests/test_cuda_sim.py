@@ -302,18 +302,24 @@ WARP_GEOMETRIES = [
 ]
 
 
-@pytest.mark.parametrize("feature", ["dones", "mask"])
-@pytest.mark.parametrize("geom", WARP_GEOMETRIES, ids=[g[0] for g in WARP_GEOMETRIES])
-def test_block_scan_across_warps(geom, feature):
+def _warp_problem(geom, feature, seed):
+    """GAE inputs (r, v, dones, mask, last values) of one of the WARP_GEOMETRIES."""
     _, tun, R, T, time_major = geom
-    rng = np.random.default_rng(18)
+    rng = np.random.default_rng(seed)
     if time_major:
         r, v = rng.standard_normal((T, R)).T, rng.standard_normal((T, R)).T
     else:
         r, v = rng.standard_normal((R, T)), rng.standard_normal((R, T))
     d = rng.random((R, T)) < 0.03
     m = rng.random((R, T)) < 0.85 if feature == "mask" else None
-    lv = rng.standard_normal(R)
+    return r, v, d, m, rng.standard_normal(R)
+
+
+@pytest.mark.parametrize("feature", ["dones", "mask"])
+@pytest.mark.parametrize("geom", WARP_GEOMETRIES, ids=[g[0] for g in WARP_GEOMETRIES])
+def test_block_scan_across_warps(geom, feature):
+    tun = geom[1]
+    r, v, d, m, lv = _warp_problem(geom, feature, 18)
     adv, ret = run_gae(tun, np.float64, r, v, 0.97, 0.9, term=d, mask=m, lv=lv)
     ea, er = gae_oracle(r, v, 0.97, 0.9, term=d, mask=m, lv=lv)
     close(adv, ea, np.float64)
@@ -327,15 +333,8 @@ def test_coalesced_loads_across_warps(geom, feature, launched):
     # (rows-rw2: R=3 in blocks of 2), time-major warps.  The same bits as direct loads.
     from gaescan.kernels import cuda as kern
 
-    name, tun, R, T, time_major = geom
-    rng = np.random.default_rng(19)
-    if time_major:
-        r, v = rng.standard_normal((T, R)).T, rng.standard_normal((T, R)).T
-    else:
-        r, v = rng.standard_normal((R, T)), rng.standard_normal((R, T))
-    d = rng.random((R, T)) < 0.03
-    m = rng.random((R, T)) < 0.85 if feature == "mask" else None
-    lv = rng.standard_normal(R)
+    name, tun = geom[:2]
+    r, v, d, m, lv = _warp_problem(geom, feature, 19)
     got = run_gae(dict(tun, coalesced_loads=True), np.float64, r, v, 0.97, 0.9, term=d, mask=m, lv=lv)
     staged = [bool(o & kern.OPT_CLOAD) for o in launched]
     # One time-thread per warp (RW=32) reads 32 rows' consecutive addresses already.
