@@ -120,6 +120,8 @@ class _CupyLike:
 def test_flat_array_is_what_numba_passes_for_an_array(monkeypatch):
     # Numba's own argument preparation, given a device array with the same pointer,
     # shape and strides, must produce the values the raw launch packs.
+    import ctypes
+
     import numba.cuda.dispatcher as disp
     import numpy as np
     from numba.core import types
@@ -129,12 +131,17 @@ def test_flat_array_is_what_numba_passes_for_an_array(monkeypatch):
     from types import SimpleNamespace
 
     x = _CupyLike(0x7F0000001000, (3, 5), (40, -8), 8)
+    # A device array as numba-cuda reads it (ptr, _layout) and as Numba's own CUDA
+    # target does (CUDA memory with a ctypes pointer, ndim, strides).
     dev = SimpleNamespace(size=15, dtype=np.dtype(np.float64), ptr=0x7F0000001000, shape=(3, 5),
-                          _layout=SimpleNamespace(strides_in_bytes=(40, -8)))
+                          _layout=SimpleNamespace(strides_in_bytes=(40, -8)), ndim=2, strides=(40, -8),
+                          __cuda_memory__=True, device_ctypes_pointer=ctypes.c_void_p(0x7F0000001000))
     monkeypatch.setattr(disp, "wrap_arg", lambda v: SimpleNamespace(to_device=lambda retr, stream: dev))
     got: list = []
     disp._Kernel._prepare_args(SimpleNamespace(extensions=[]), types.Array(types.float64, 2, "A"), x, 0, [], got)
-    assert tuple(int(v) for v in got) == cb.flat_array(x) == (0, 0, 15, 8, 0x7F0000001000, 3, 5, 40, -8)
+    # Plain ints (numba-cuda) or ctypes values (Numba's own target; a NULL pointer is None).
+    got = [getattr(v, "value", v) or 0 for v in got]
+    assert tuple(got) == cb.flat_array(x) == (0, 0, 15, 8, 0x7F0000001000, 3, 5, 40, -8)
 
 
 def test_flat_array_of_an_array_interface_object():
