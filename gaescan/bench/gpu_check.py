@@ -641,7 +641,7 @@ def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool) -> None:
                 a, _ = gaescan.gae(r4, v4, gamma=0.99, lam=0.95, dones=d4, backend="cuda")
                 ap, _ = gaescan.gae(rp, vp, gamma=0.99, lam=0.95, dones=dp, cu_seqlens=cu, backend="cuda")
             out.append(_h(a).tobytes() + _h(ap).tobytes())
-        if not (out[0] == out[1] == out[2]):
+        if any(o != out[0] for o in out):
             raise AssertionError("the fast look-back (its long walks, or coalesced loads) changed the bits")
         return ("bit-identical to the general look-back, also with long walks and coalesced loads; "
                 "rows and packed")
