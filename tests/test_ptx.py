@@ -217,7 +217,10 @@ C_CASES = [c for c in CASES if c[0] in ("gae-rows-float32<-float32", "gae-lookba
 def test_c_typed_kernel_compiles_without_spills(toolchain, case):
     # The kernels the "contiguous_typing" tunable compiles for all-C-contiguous calls.
     assert len(C_CASES) == 8
-    _compile_and_check(case, CCS[-1], "C")
+    regs = _compile_and_check(case, CCS[-1], "C")
+    if case[0] in ("gae-lookback-float32<-float32", "gae-lookback-fast-float32<-float32"):
+        # What the tunable is for: five blocks of 128 threads per SM (65536 registers).
+        assert regs * 128 * 5 <= 65536, f"{case[0]} [C]: {regs} registers, fewer than 5 blocks per SM"
 
 
 def _compile_and_check(case, cc, layout):
@@ -260,6 +263,7 @@ def _compile_and_check(case, cc, layout):
     print(line)
     assert regs, f"no register report from ptxas:\n{info}"
     assert sum(stores) == 0 and sum(loads) == 0, f"local-memory spills in {name}:\n{info}"
+    return max(regs)
 
 
 @pytest.mark.parametrize("min_blocks", [6, 8])

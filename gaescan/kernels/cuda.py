@@ -449,26 +449,6 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
         return i + i // 32
 
     @cuda.jit(device=True)
-    def run_base(ut, x, y, RW, yw):
-        """Where the ``yw`` time-threads of row ``x`` in thread (x, y)'s warp keep their run.
-
-        Those threads own ``yw*K`` consecutive steps of the tile starting at
-        ``ut``: returns the run's first step and its first slot (before
-        :func:`spos`) in the warp's part of the staging buffers.  Thread
-        (x, y)'s own ``K`` steps start at slot ``slot0 + (y % yw)*K``; the
-        coalesced accesses of :func:`stage` and :func:`emit` (:func:`lane_step`)
-        take step ``i*yw + y % yw`` of the run at their ``i``-th access.
-        """
-        return ut + (y // yw) * (yw * K), ((y // yw) * RW + x) * (yw * K)
-
-    @cuda.jit(device=True)
-    def lane_step(ug, slot0, yl, yw, i):
-        # The i-th coalesced access of lane yl: consecutive lanes, consecutive steps.
-        # Loads and stores share it, so a lane's slots are the same in both.
-        e = i * yw + yl
-        return ug + e, spos(slot0 + e)
-
-    @cuda.jit(device=True)
     def stage(row, live, x, y, RW, yw, wmask, ut, T, opts, r, v, g, tb1, tb2):
         """Coalesced loads of a tile's float inputs into shared memory (``OPT_CLOAD``).
 
@@ -483,16 +463,21 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
         one is staged as well (it is a later lane's).
         """
         yl = y % yw
-        ug, slot0 = run_base(ut, x, y, RW, yw)
+        slot0 = ((y // yw) * RW + x) * (yw * K)
         stg = CLOAD and yw > 1 and (opts & NOSTAGE) == 0
         if stg:
             # No syncwarp first: a lane writes exactly the slots it read itself at the
-            # end of the last tile's emit (lane_step), and the slots are the warp's own.
+            # end of the last tile's emit, and the slots are the warp's own.  (The
+            # step/slot arithmetic is emit's, written out again: a shared helper cost
+            # the layout-"C" look-back 9 registers, 96 -> 105, i.e. a block per SM.)
             if live:
+                ug = ut + (y // yw) * (yw * K)  # first step of the yw threads' run
                 for i in range(K):
-                    u, sl = lane_step(ug, slot0, yl, yw, i)
+                    e = i * yw + yl
+                    u = ug + e
                     if u < T:
                         t = phys(u, T)
+                        sl = spos(slot0 + e)
                         tb1[0, sl] = CAST(r[row, t])
                         if GAE:
                             tb2[0, sl] = CAST(v[row, t])
@@ -516,7 +501,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
         zero = CAST(0)
         two = KIND == GAE_V or KIND == GAE_NEXT
         yl = y % yw
-        ug, slot0 = run_base(ut, x, y, RW, yw)
+        slot0 = ((y // yw) * RW + x) * (yw * K)  # this row's slots in the warp's part of tb
         if live:
             for jj in range(K):
                 j = K - 1 - jj
@@ -544,13 +529,15 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
         if yw > 1:
             cuda.syncwarp(wmask)
             if live:
+                ug = ut + (y // yw) * (yw * K)  # first step of the yw threads' run
                 for i in range(K):
-                    u, sl = lane_step(ug, slot0, yl, yw, i)
+                    e = i * yw + yl
+                    u = ug + e
                     if u < T:
                         t = phys(u, T)
-                        out1[row, t] = tb1[0, sl]
+                        out1[row, t] = tb1[0, spos(slot0 + e)]
                         if two:
-                            out2[row, t] = tb2[0, sl]
+                            out2[row, t] = tb2[0, spos(slot0 + e)]
             # No trailing syncwarp: tb is next written after the next block scan's barrier,
             # or (OPT_CLOAD) by stage, where each lane writes just the slots it read here.
         return A, Vn
