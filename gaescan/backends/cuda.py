@@ -295,6 +295,15 @@ def _core_stream(ptr: int) -> Any:
     return s
 
 
+def _only_kernel(dispatcher: Any, tunable: str) -> Any:
+    """The one compiled kernel of an explicit-signature dispatcher (for the launch paths)."""
+    compiled = list(dispatcher.overloads.values())
+    if len(compiled) != 1:
+        raise RuntimeError(f"{tunable} needs a kernel compiled for exactly one signature, "
+                           f"found {len(compiled)}; set the '{tunable}' tunable to False")
+    return compiled[0]
+
+
 def _launch_direct(dispatcher: Any, args: tuple, grid: int, block: tuple[int, int], ptr: int) -> None:
     """Launch the single compiled kernel of an explicit-signature dispatcher.
 
@@ -302,11 +311,7 @@ def _launch_direct(dispatcher: Any, args: tuple, grid: int, block: tuple[int, in
     """
     k = _direct_kernels.get(dispatcher)
     if k is None:
-        compiled = list(dispatcher.overloads.values())
-        if len(compiled) != 1:
-            raise RuntimeError(f"direct_launch needs a kernel compiled for exactly one signature, "
-                               f"found {len(compiled)}; set the 'direct_launch' tunable to False")
-        k = _direct_kernels[dispatcher] = compiled[0]
+        k = _direct_kernels[dispatcher] = _only_kernel(dispatcher, "direct_launch")
     k.launch(args, (grid, 1, 1), (block[0], block[1], 1), _core_stream(ptr), 0)
 
 
@@ -319,8 +324,8 @@ class _RawKernel:
         self.handle = handle
         self.fmt = param_format(argument_types)
         self.arrays = tuple(isinstance(t, types.Array) for t in argument_types)
-        self.buf = ctypes.create_string_buffer(max(struct.calcsize(self.fmt), 1))
         self.size = ctypes.c_size_t(struct.calcsize(self.fmt))
+        self.buf = ctypes.create_string_buffer(max(self.size.value, 1))
         # cuLaunchKernel's ``extra``: the parameters as one buffer of that size.
         self.extra = (ctypes.c_void_p * 5)(_CU_LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(self.buf),
                                            _CU_LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(self.size),
@@ -401,11 +406,7 @@ def _launch_raw(dispatcher: Any, dev: int, args: tuple, grid: int, block: tuple[
 
     rk = _raw_kernels.get((dispatcher, dev))
     if rk is None:
-        compiled = list(dispatcher.overloads.values())
-        if len(compiled) != 1:
-            raise RuntimeError(f"raw_launch needs a kernel compiled for exactly one signature, "
-                               f"found {len(compiled)}; set the 'raw_launch' tunable to False")
-        k = compiled[0]
+        k = _only_kernel(dispatcher, "raw_launch")
         # A CUkernel (library API; cuLaunchKernel takes it for a CUfunction and launches
         # it in the current context) or a CUfunction (a ctypes handle in older Numbas).
         h = k._codelibrary.get_cufunc().handle
