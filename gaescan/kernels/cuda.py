@@ -153,7 +153,12 @@ def stages_inputs(opts: int, kind: int, rw: int, tw: int) -> bool:
     yw = 32 // rw if 32 % rw == 0 else 1
     if min(yw, tw) <= 1:
         return False
-    return not opts & (OPT_LARR | (0 if kind == SCAN else OPT_GARR))
+    return not opts & _unstaged_bits(kind)
+
+
+def _unstaged_bits(kind: int) -> int:
+    # Per-step inputs with no staging buffer: λ arrays, and γ arrays outside the linear scan.
+    return OPT_LARR | (0 if kind == SCAN else OPT_GARR)
 
 FLAG_AGG = 1
 FLAG_INCL = 2
@@ -218,7 +223,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
     # Coalesced loads (see stage): the float inputs pass through the output buffers.
     CLOAD = bool(CT & OPT_CLOAD) and not PREFETCH
     GAE = KIND in (GAE_V, GAE_NEXT)
-    NOSTAGE = OPT_LARR | (0 if KIND == SCAN else OPT_GARR)  # see stages_inputs
+    NOSTAGE = _unstaged_bits(KIND)  # see stages_inputs
     # Output staging for coalesced stores (see emit): NSH*K slots plus padding.
     # 2-D (one row) so that elem reads staged inputs as it reads the arrays.
     TB_LEN = NSH * K + (NSH * K) // 32 + 1
