@@ -326,19 +326,25 @@ def test_block_scan_across_warps(geom, feature):
     close(ret, er, np.float64)
 
 
+@pytest.mark.parametrize("tunable", ["coalesced_loads", "shared_steps"])
 @pytest.mark.parametrize("feature", ["dones", "mask"])
 @pytest.mark.parametrize("geom", WARP_GEOMETRIES, ids=[g[0] for g in WARP_GEOMETRIES])
-def test_coalesced_loads_across_warps(geom, feature, launched):
-    # Staged loads in every warp layout: several rows per warp, a row past the last
-    # (rows-rw2: R=3 in blocks of 2), time-major warps.  The same bits as direct loads.
+def test_staged_steps_across_warps(geom, feature, tunable, launched):
+    # Staged loads (and steps kept in shared memory) in every warp layout: several
+    # rows per warp, a row past the last (rows-rw2: R=3 in blocks of 2), time-major
+    # warps.  The same bits as the default kernels.
     from gaescan.kernels import cuda as kern
 
     name, tun = geom[:2]
     r, v, d, m, lv = _warp_problem(geom, feature, 19)
-    got = run_gae(dict(tun, coalesced_loads=True), np.float64, r, v, 0.97, 0.9, term=d, mask=m, lv=lv)
-    staged = [bool(o & kern.OPT_CLOAD) for o in launched]
-    # One time-thread per warp (RW=32) reads 32 rows' consecutive addresses already.
-    assert staged == [name != "lookback-tm-rw32"]
+    got = run_gae(dict(tun, **{tunable: True}), np.float64, r, v, 0.97, 0.9, term=d, mask=m, lv=lv)
+    if tunable == "coalesced_loads":
+        staged = [bool(o & kern.OPT_CLOAD) for o in launched]
+        # One time-thread per warp (RW=32) reads 32 rows' consecutive addresses already.
+        assert staged == [name != "lookback-tm-rw32"]
+    else:
+        # Every warp layout (RW=32 stages each thread's own steps); not masked GAE.
+        assert [bool(o & kern.OPT_SHSTEPS) for o in launched] == [feature == "dones"]
     want = run_gae(tun, np.float64, r, v, 0.97, 0.9, term=d, mask=m, lv=lv)
     for x, w, e in zip(got, want, gae_oracle(r, v, 0.97, 0.9, term=d, mask=m, lv=lv), strict=True):
         close(x, e, np.float64)
@@ -589,6 +595,16 @@ VARIANTS = [
     # Two rows per block, 16 time-threads each (one tile of 8 steps per thread).
     ("cload-2rows", dict(threads=64, k=8, rows_min_blocks=1, coalesced_loads=True),
      dict(threads=64, k=8, rows_min_blocks=1), "OPT_CLOAD"),
+    ("shared-rows", dict(ROWS, shared_steps=True), ROWS, "OPT_SHSTEPS"),
+    ("shared-lookback", dict(LOOKBACK, shared_steps=True), LOOKBACK, "OPT_SHSTEPS"),
+    ("shared-longwalk", dict(LONGWALK, shared_steps=True), LONGWALK, "OPT_SHSTEPS"),
+    ("shared-fast", dict(LOOKBACK, fast_lookback=True, shared_steps=True),
+     dict(LOOKBACK, fast_lookback=True), "OPT_SHSTEPS"),
+    ("shared-2rows", dict(threads=64, k=8, rows_min_blocks=1, shared_steps=True),
+     dict(threads=64, k=8, rows_min_blocks=1), "OPT_SHSTEPS"),
+    # Steps kept in shared memory, with the coalesced-loads tunable set as well (it yields).
+    ("shared-over-cload", dict(LOOKBACK, coalesced_loads=True, shared_steps=True),
+     dict(LOOKBACK, coalesced_loads=True), "OPT_SHSTEPS"),
 ]
 
 
@@ -658,7 +674,14 @@ _SOME = {"prefetch-2warps": ["gae-dones", "gae-packed"],
          "fast-tiny-warp": ["gae-dones", "scan-forward"],
          "fast-full-warp": ["gae-next-values", "gae-packed"],
          "cload-fast": ["gae-dones", "gae-packed", "scan-reverse"],
-         "cload-2rows": ["gae-dones", "gae-next-values", "returns-mask", "scan-forward"]}
+         "cload-2rows": ["gae-dones", "gae-next-values", "returns-mask", "scan-forward"],
+         # Packed rows keep the per-thread steps (see test_shared_steps_only_where_they_apply).
+         "shared-rows": [p for p in VARIANT_PROBLEMS if p != "gae-packed"],
+         "shared-lookback": [p for p in VARIANT_PROBLEMS if p != "gae-packed"],
+         "shared-longwalk": ["gae-dones", "gae-next-values", "returns-mask"],
+         "shared-fast": ["gae-dones", "gae-f16-nan-after-done", "returns-mask", "scan-reverse"],
+         "shared-2rows": ["gae-dones", "gae-next-values", "returns-mask", "scan-forward"],
+         "shared-over-cload": ["gae-dones", "scan-forward"]}
 VARIANT_CASES = [(v, p) for v in VARIANTS for p in _SOME.get(v[0], VARIANT_PROBLEMS)]
 
 
@@ -743,6 +766,45 @@ def test_coalesced_loads_only_where_they_apply(case, launched):
     assert launched and not any(o & kern.OPT_CLOAD for o in launched)
     if case == "with-prefetch":
         assert all(o & kern.OPT_PREFETCH for o in launched)
+
+
+@pytest.mark.parametrize("case", ["masked-gae", "packed", "with-prefetch", "gamma-array", "lam-array"])
+def test_shared_steps_only_where_they_apply(case, launched):
+    # emit forms each step again from shared memory, so a step's map must come from its
+    # own inputs: not masked GAE (the next unmasked value), not packed rows (a segment
+    # end restarts the state), and not with the prefetching rows kernel.  Per-step γ
+    # and λ arrays are read from global memory: those keep the variant, with the same
+    # bits.  (Masked returns and the scan's a array: test_kernel_variant.)
+    from gaescan.kernels import cuda as kern
+
+    rng = np.random.default_rng(23)
+    R, T = 2, 45
+    f = np.float32
+    r, v = rng.standard_normal((R, T)).astype(f), rng.standard_normal((R, T)).astype(f)
+    d = rng.random((R, T)) < 0.1
+    g, lam, lv, m, cu = float(f(0.9)), float(f(0.8)), 0.5, None, None
+    base = LOOKBACK
+    if case == "masked-gae":
+        m = rng.random((R, T)) < 0.8
+    elif case == "packed":
+        cu = np.array([0, 7, 7, 60, 90], dtype=np.int64)
+        r, v, d = r.reshape(1, -1), v.reshape(1, -1), d.reshape(1, -1)
+        lv = rng.standard_normal(len(cu) - 1).astype(f)
+    elif case == "with-prefetch":
+        base = dict(ROWS, prefetch=True)
+    elif case == "gamma-array":
+        g = rng.uniform(0.8, 1.0, (R, T)).astype(f)
+    else:
+        lam = rng.uniform(0.8, 1.0, (R, T)).astype(f)
+    got = run_gae(dict(base, shared_steps=True), f, r, v, g, lam, term=d, mask=m, lv=lv, cu=cu)
+    for x, e in zip(got, gae_oracle(r, v, g, lam, term=d, mask=m, lv=lv, cu=cu), strict=True):
+        close(x, e, f)
+    applies = case in ("gamma-array", "lam-array")
+    assert launched and all(bool(o & kern.OPT_SHSTEPS) == applies for o in launched)
+    if applies:
+        want = run_gae(base, f, r, v, g, lam, term=d, mask=m, lv=lv, cu=cu)
+        for x, w in zip(got, want, strict=True):
+            assert x.tobytes() == w.tobytes(), "shared steps changed the bits"
 
 
 # --------------------------------------------------------------------------- fast look-back, concurrently

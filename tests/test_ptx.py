@@ -178,6 +178,21 @@ def _cases():
                 np.float64, np.float64, np.bool_, None, CL))
     out.append(("gae-lookback-cload-float32<-float32-mask+packed", kern.GAE_V, kern.MODE_LOOKBACK, False,
                 np.float32, np.float32, np.bool_, None, CL | M | P))
+    # Steps kept in shared memory: both drivers, with the fast look-back, f16 inputs, f64,
+    # and masked returns (allowed: their maps are (alpha, c)).
+    SH = kern.OPT_SHSTEPS
+    for kname, kind, fwd in kinds:
+        for mname, mode in modes:
+            out.append((f"{kname}-{mname}-shared-float32<-float32",
+                        kind, mode, fwd, np.float32, np.float32, np.bool_, None, SH))
+        out.append((f"{kname}-lookback-fast+shared-float32<-float16",
+                    kind, kern.MODE_LOOKBACK, fwd, np.float32, np.float16, np.bool_, None, FL | SH))
+    out.append(("gae-lookback-shared-float64<-float64", kern.GAE_V, kern.MODE_LOOKBACK, False,
+                np.float64, np.float64, np.bool_, None, SH))
+    out.append(("returns-lookback-shared-float32<-float32-mask", kern.RET, kern.MODE_LOOKBACK, False,
+                np.float32, np.float32, np.bool_, None, SH | M))
+    out.append(("gae_next-rows-shared-float32<-float32-mask", kern.GAE_NEXT, kern.MODE_ROWS, False,
+                np.float32, np.float32, np.bool_, None, SH | M))
     return out
 
 
@@ -264,6 +279,57 @@ def _compile_and_check(case, cc, layout):
     assert regs, f"no register report from ptxas:\n{info}"
     assert sum(stores) == 0 and sum(loads) == 0, f"local-memory spills in {name}:\n{info}"
     return max(regs)
+
+
+def _blocks_per_sm(regs: int, threads: int = 128) -> int:
+    # 65536 registers per SM, allocated per warp in units of 256 (8 per thread).
+    return 65536 // (-(-regs // 8) * 8 * threads)
+
+
+@pytest.mark.parametrize("k", [8, 16])
+def test_shared_steps_free_registers_for_more_blocks(toolchain, k):
+    # What the "shared_steps" tunable is for: without the K staged steps held in
+    # registers across the block scan and the look-back, more blocks fit an SM
+    # (the look-back is latency-bound: blocks in flight are the bytes in flight),
+    # at K=16 too.
+    from gaescan.kernels import cuda as kern
+
+    cc = CCS[-1]
+    _FakeDevice.cc = cc
+    sig = _sig(kern.GAE_V, np.float32, np.float32, np.bool_)
+    blocks = {}
+    for name, ct, kk in (("default", 0, 8), ("shared", kern.OPT_SHSTEPS, k),
+                         ("fast+shared", kern.OPT_SHSTEPS | kern.OPT_FASTLB, k)):
+        kd = kern._build(kern.GAE_V, kern.MODE_LOOKBACK, False, np.dtype(np.float32), 128, kk, ct)
+        info = _ptxas_info(cuda.compile_ptx(kd.py_func, sig, cc=cc)[0], cc)
+        regs = max(int(x) for x in re.findall(r"Used (\d+) registers", info))
+        blocks[name] = _blocks_per_sm(regs)
+        print(f"sm_90  gae-lookback-float32 {name} K={kk}: regs {regs}, {blocks[name]} blocks of 128 per SM")
+    assert blocks["shared"] >= 6 and blocks["fast+shared"] >= 6
+    assert blocks["shared"] > blocks["default"]
+
+
+@pytest.mark.parametrize("layout", ["A", "C"])
+def test_shared_steps_fit_eight_blocks_without_spills(toolchain, layout):
+    # gpu-check sweeps shared steps with min_blocks_per_sm=8: ptxas must fit them in
+    # 64 registers without spilling (the default kernel spills 612 B at that bound).
+    import inspect
+
+    from gaescan.kernels import cuda as kern
+
+    if "launch_bounds" not in inspect.signature(cuda.compile_ptx).parameters:
+        pytest.skip("this numba.cuda has no launch bounds (numba-cuda, the cuda12/cuda13 extra, has)")
+    cc = CCS[-1]
+    _FakeDevice.cc = cc
+    for ct in (kern.OPT_SHSTEPS, kern.OPT_SHSTEPS | kern.OPT_FASTLB):
+        k = kern._build(kern.GAE_V, kern.MODE_LOOKBACK, False, np.dtype(np.float32), 128, 8, ct)
+        sig = _sig(kern.GAE_V, np.float32, np.float32, np.bool_, layout=layout)
+        info = _ptxas_info(cuda.compile_ptx(k.py_func, sig, cc=cc, launch_bounds=(128, 8))[0], cc)
+        regs = max(int(x) for x in re.findall(r"Used (\d+) registers", info))
+        spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", info))
+        print(f"sm_90  gae-lookback-float32 shared steps (opts {ct}) [{layout}] launch_bounds(128, 8): "
+              f"regs {regs}, spill stores {spills} B")
+        assert regs <= 64 and spills == 0
 
 
 @pytest.mark.parametrize("min_blocks", [6, 8])

@@ -87,6 +87,11 @@ TUNABLES: dict[str, Any] = {
     # their K consecutive steps from there, mirroring the stores; not with "prefetch"
     # (a shared-memory store waits for its load, so nothing stays in flight).
     "coalesced_loads": False,
+    # Experimental (gpu-check compares both): a tile's steps stay in shared memory from
+    # the coalesced loads to the stores instead of K per-thread registers each (which
+    # hold ~40 registers across the block scan and the look-back: blocks per SM).
+    # (alpha, c) maps, rows not packed; implies the coalesced loads; not with "prefetch".
+    "shared_steps": False,
     # Experimental (GPU only; gpu-check compares both): launch the one compiled
     # kernel directly, skipping Numba's per-call launch configuration, argument
     # typing and stream conversion.  Also skips Numba's low-occupancy warning,
@@ -229,7 +234,9 @@ class _Launch:
                 and not (kind == kern.GAE_V and opts & kern.OPT_MASK) and get("fast_lookback"))
         if fast:
             opts |= kern.OPT_FASTLB
-        if (get("coalesced_loads") and not opts & kern.OPT_PREFETCH
+        if get("shared_steps") and kern.keeps_steps_shared(opts, kind):
+            opts |= kern.OPT_SHSTEPS
+        elif (get("coalesced_loads") and not opts & kern.OPT_PREFETCH
                 and kern.stages_inputs(opts, kind, RW, TW)):
             opts |= kern.OPT_CLOAD
         nsh = int(get("threads"))

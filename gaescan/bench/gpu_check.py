@@ -629,6 +629,33 @@ def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool) -> None:
     check("coalesced loads + fast look-back: linear_scan forward a[B,T] B=3 T=2^21",
           variant(scans((3, 2**21), False, a_arr=True), **cl, **fl))
 
+    sh = dict(shared_steps=True)
+    check(f"shared steps: gae few long rows B=4 T={N_LONG} f32 dones (repeat)",
+          variant(gae_case((4, N_LONG), repeat=True), **sh))
+    check(f"shared steps + fast look-back, k=16: gae B=4 T={N_LONG} f32 dones (repeat)",
+          variant(gae_case((4, N_LONG), repeat=True), k=16, **sh, **fl))
+    check("shared steps + fast look-back: gae B=256 T=131072 f32 dones",
+          variant(gae_case((256, 131072)), **sh, **fl))
+    check("shared steps: gae rows B=2048 T=2000 f16 inputs",
+          variant(gae_case((2048, 2000), np.float16), **sh))
+    check("shared steps: gae rows f64 B=64 T=50000", variant(gae_case((64, 50000), np.float64), **sh))
+    check("shared steps: gae time-major axis=0 T=8192 B=512 (one time-thread per warp)",
+          variant(gae_case((8192, 512), axis=0), **sh))
+    check("shared steps: gae time-major axis=0 T=4096 B=8 (4 rows per warp)",
+          variant(gae_case((4096, 8), axis=0), **sh))
+    check("shared steps: gae long rows B=3 T=300001 gamma[B,1]+lam[B,T]+lv[B] (no mask)",
+          variant(gae_case((3, 300001), gamma=cp.asarray(rng.uniform(0.9, 1.0, (3, 1)).astype(np.float32)),
+                           lam=cp.asarray(rng.uniform(0.8, 1.0, (3, 300001)).astype(np.float32)),
+                           last_value=cp.asarray(rng.standard_normal(3).astype(np.float32))), **sh))
+    check("shared steps: terminated+truncated+next_values B=16 T=20000",
+          variant(tt(np.float32, (16, 20000)), **sh))
+    check("shared steps: discounted_returns B=1024 T=1000", variant(rets((1024, 1000)), **sh))
+    check("shared steps + fast look-back: discounted_returns B=2 T=2^21",
+          variant(rets((2, 2**21)), **sh, **fl))
+    check("shared steps + fast look-back: linear_scan forward a[B,T] B=3 T=2^21",
+          variant(scans((3, 2**21), False, a_arr=True), **sh, **fl))
+    check("shared steps: linear_scan reverse B=512 T=4000", variant(scans((512, 4000), True), **sh))
+
     def fast_vs_general():
         lens = rng.geometric(1 / 5000, size=200)
         cu = cp.asarray(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
@@ -636,16 +663,17 @@ def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool) -> None:
         rp, vp, dp = data((N,))
         r4, v4, d4 = data((8, 2**20))
         out = []
-        for tun in (dict(), fl, dict(fl, debug_skip_incl=True), dict(fl, **cl), cl):
+        for tun in (dict(), fl, dict(fl, debug_skip_incl=True), dict(fl, **cl), cl, sh, dict(fl, **sh)):
             with cb.override(**tun):
                 a, _ = gaescan.gae(r4, v4, gamma=0.99, lam=0.95, dones=d4, backend="cuda")
                 ap, _ = gaescan.gae(rp, vp, gamma=0.99, lam=0.95, dones=dp, cu_seqlens=cu, backend="cuda")
             out.append(_h(a).tobytes() + _h(ap).tobytes())
         if any(o != out[0] for o in out):
-            raise AssertionError("the fast look-back (its long walks, or coalesced loads) changed the bits")
-        return ("bit-identical to the general look-back, also with long walks and coalesced loads; "
-                "rows and packed")
-    check("fast look-back, coalesced loads == general look-back, B=8 T=2^20 and packed S=200",
+            raise AssertionError("the fast look-back (its long walks, coalesced loads or shared steps) "
+                                 "changed the bits")
+        return ("bit-identical to the general look-back, also with long walks, coalesced loads and "
+                "shared steps; rows and packed")
+    check("fast look-back, coalesced loads, shared steps == general look-back, B=8 T=2^20, packed S=200",
           fast_vs_general)
 
 
@@ -895,7 +923,17 @@ def sweep(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
     # min_blocks_per_sm=6 at 128 threads caps at 85 registers (ptxas used 80).
     ct = dict(contiguous_typing=True)  # layout-"C" kernels: 96 registers instead of 108 (look-back)
     cl = dict(coalesced_loads=True)  # loads coalesced through shared memory, as the stores are
-    b256 = [base, dict(base, **fast), dict(base, **fast, **ct), dict(base, **fast, **cl),
+    # Steps kept in shared memory: GAE look-back 111 -> 78 registers (fast, layout C: 72),
+    # so 6-7 blocks of 128 per SM instead of 4-5, and the same registers at k=16; with
+    # min_blocks_per_sm=8, 64 registers and no spills (k=8; k=16 with layout C).
+    sh = dict(shared_steps=True)
+    sh8 = dict(shared_steps=True, min_blocks_per_sm=8)
+    b256 = [base, dict(base, **fast), dict(base, **sh), dict(base, **fast, **sh), dict(base, **fast, **sh8),
+            dict(threads=128, k=16, **fast, **ct, **sh8), dict(base, **fast, **ct, **sh8),
+            dict(base, **fast, **ct, **sh), dict(threads=128, k=16, **fast, **sh),
+            dict(threads=128, k=16, **fast, **ct, **sh), dict(threads=256, k=8, **fast, **sh),
+            dict(threads=128, k=16, **sh),
+            dict(base, **fast, **ct), dict(base, **fast, **cl),
             dict(base, **fast, **ct, **cl), dict(base, **cl), dict(base, **rows), dict(base, **rows, **cl),
             dict(base, **pf), dict(base, **pf, **ct), dict(threads=256, k=8, **rows, **cl),
             dict(threads=256, k=8, **rows), dict(threads=256, k=8, **pf),
@@ -905,7 +943,11 @@ def sweep(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
             dict(base, min_blocks_per_sm=6, **fast),
             dict(threads=128, k=4), dict(threads=256, k=8), dict(threads=128, k=16), dict(threads=256, k=4),
             dict(threads=512, k=4), dict(base, min_blocks_per_sm=6)]
-    b4 = [base, dict(base, **fast), dict(base, **fast, **ct), dict(base, **fast, **cl),
+    b4 = [base, dict(base, **fast), dict(base, **sh), dict(base, **fast, **sh), dict(base, **fast, **sh8),
+          dict(threads=128, k=16, **fast, **ct, **sh8), dict(base, **fast, **ct, **sh8),
+          dict(base, **fast, **ct, **sh), dict(threads=128, k=16, **fast, **sh),
+          dict(threads=256, k=16, **fast, **sh),
+          dict(threads=256, k=8, **fast, **sh), dict(base, **fast, **ct), dict(base, **fast, **cl),
           dict(base, **fast, **ct, **cl),
           dict(base, **cl), dict(base, **ct), dict(threads=128, k=16, **fast, **cl),
           dict(threads=256, k=8, **fast), dict(threads=128, k=16, **fast), dict(threads=128, k=16, **fast, **ct),
@@ -913,7 +955,9 @@ def sweep(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
           dict(threads=256, k=8), dict(threads=128, k=16), dict(threads=128, k=4), dict(threads=256, k=4),
           dict(threads=512, k=4), dict(base, min_blocks_per_sm=6)]
     # 1024 rows walk their tiles by default
-    b1024 = [base, dict(base, prefetch=True), dict(base, **cl), dict(threads=256, k=8, prefetch=True),
+    b1024 = [base, dict(base, **sh), dict(base, **sh8), dict(threads=256, k=8, **sh),
+             dict(threads=128, k=16, **sh),
+             dict(base, prefetch=True), dict(base, **cl), dict(threads=256, k=8, prefetch=True),
              dict(threads=256, k=8, **cl), dict(threads=256, k=8, prefetch=True, min_blocks_per_sm=2)]
     shapes = [("B=256 T=131072", 256, 131072, b256), ("B=4 T=2^22", 4, 2**22, b4),
               ("B=1024 T=32768", 1024, 32768, b1024)]

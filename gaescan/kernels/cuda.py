@@ -60,8 +60,9 @@ Two drivers share the tile code:
   floating-point operations however far the look-back went: results are
   bit-identical run after run (the look-back only changes who does the work).
 
-Three compile-time variants (tunables ``prefetch``, ``fast_lookback`` and
-``coalesced_loads`` of the backend; all give the default kernels' bits):
+Four compile-time variants (tunables ``prefetch``, ``fast_lookback``,
+``coalesced_loads`` and ``shared_steps`` of the backend; all give the default
+kernels' bits):
 
 * ``OPT_PREFETCH`` — in ``MODE_ROWS`` a thread issues the loads of its steps
   in the *next* tile before this tile's scan, so the block's loads are in
@@ -83,6 +84,12 @@ Three compile-time variants (tunables ``prefetch``, ``fast_lookback`` and
   the output staging buffers (cast to the compute dtype), and each thread then
   takes its ``K`` steps from there.  Flags (bytes) and next values are read
   as before.  No extra shared memory.
+* ``OPT_SHSTEPS`` — the steps stay in those staging buffers from the loads to
+  the stores: a thread folds its ``K`` steps from shared memory (each step's
+  constant replaces its reward there), and :func:`emit` forms each step again
+  from the buffers and the flags, so no per-step arrays are held in registers
+  across the block scan and the look-back (GAE look-back: 78 registers instead
+  of 111).  (alpha, c) maps only, not packed rows; every warp layout stages.
 
 Look-back records (one per tile and row group, see :func:`group_record`) keep
 the maps and the states of the group's rows in separate 128-byte-aligned
@@ -136,8 +143,22 @@ OPT_LAARR = 256  # GAE: lv[nseg + s] holds last_advantage (A past sequence s), e
 OPT_PREFETCH = 512  # MODE_ROWS: the next tile's loads are issued before this tile is scanned
 OPT_FASTLB = 1024  # MODE_LOOKBACK, float32, (alpha, c) maps, one row per block: fence-free words
 OPT_CLOAD = 2048  # not with OPT_PREFETCH: the warp loads its steps coalesced, through shared memory
+OPT_SHSTEPS = 4096  # (alpha, c) maps, not packed: a tile's steps stay in shared memory, not registers
 #: The option bits that select a compiled kernel (the others are runtime switches).
-CT_BITS = OPT_MASK | OPT_PACKED | OPT_PREFETCH | OPT_FASTLB | OPT_CLOAD
+CT_BITS = OPT_MASK | OPT_PACKED | OPT_PREFETCH | OPT_FASTLB | OPT_CLOAD | OPT_SHSTEPS
+
+
+def keeps_steps_shared(opts: int, kind: int) -> bool:
+    """Whether a launch with these option bits can take ``OPT_SHSTEPS``.
+
+    The steps are re-read from shared memory by :func:`emit`, so every step's
+    map must be computable from its own inputs: (alpha, c) maps (not masked
+    GAE, whose maps carry the next unmasked value) and no packed rows (whose
+    segment ends restart the state).  Not with ``OPT_PREFETCH``.
+    """
+    if opts & (OPT_PACKED | OPT_PREFETCH):
+        return False
+    return not (kind == GAE_V and opts & OPT_MASK)
 
 
 def stages_inputs(opts: int, kind: int, rw: int, tw: int) -> bool:
@@ -220,10 +241,15 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
     if FASTLB and (USE_V or dtype != np.float32):
         raise ValueError("the fast look-back packs a float32 and a flag in one 64-bit word: "
                          "float32 outputs and (alpha, c) maps only (not masked GAE)")
+    # Steps kept in shared memory (see fold_shared): always staged, never in registers.
+    SHSTEPS = bool(CT & OPT_SHSTEPS)
+    if SHSTEPS and (USE_V or PACKED or PREFETCH):
+        raise ValueError("shared-memory steps need (alpha, c) maps (not masked GAE), rows that are "
+                         "not packed, and no prefetch: see keeps_steps_shared")
     # Coalesced loads (see stage): the float inputs pass through the output buffers.
-    CLOAD = bool(CT & OPT_CLOAD) and not PREFETCH
+    CLOAD = (bool(CT & OPT_CLOAD) and not PREFETCH) or SHSTEPS
     GAE = KIND in (GAE_V, GAE_NEXT)
-    NOSTAGE = _unstaged_bits(KIND)  # see stages_inputs
+    NOSTAGE = 0 if SHSTEPS else _unstaged_bits(KIND)  # see stages_inputs
     # Output staging for coalesced stores (see emit): NSH*K slots plus padding.
     # 2-D (one row) so that elem reads staged inputs as it reads the arrays.
     TB_LEN = NSH * K + (NSH * K) // 32 + 1
@@ -295,15 +321,18 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
         return CAST(0)
 
     @cuda.jit(device=True)
-    def elem(row, t, srow, st, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s):
-        # r, v, g, lm at [srow, st] (staged in shared memory by stage, or the arrays'
-        # [row, t]); next values and flags always at [row, t].
+    def elem(row, t, srow, st, opts, r, v, nv, term, trunc, mask, g, gs, lm, g_s, l_s):
+        # r and v at [srow, st] (staged in shared memory by stage, or the arrays'
+        # [row, t]), g there too if gs (the scan's staged a), else at [row, t];
+        # next values, lambdas and flags always at [row, t].
         zero = CAST(0)
         one = CAST(1)
         if MASKED:
             if mask[row, t] == 0:
                 return False, one, zero, zero, zero
-        gt = CAST(g[srow, st]) if opts & OPT_GARR else g_s
+        gt = g_s
+        if opts & OPT_GARR:
+            gt = CAST(g[srow, st]) if gs else CAST(g[row, t])
         tm = False
         tr = False
         if KIND != SCAN:
@@ -316,7 +345,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
             return True, gt, zero, rt, zero
         if KIND == RET:
             return True, (zero if tm else gt), zero, rt, zero
-        lt = CAST(lm[srow, st]) if opts & OPT_LARR else l_s
+        lt = CAST(lm[row, t]) if opts & OPT_LARR else l_s
         vt = CAST(v[srow, st])
         a = zero if (tm or tr) else gt * lt
         if KIND == GAE_V:
@@ -393,10 +422,10 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
                     if CLOAD and stg:  # CLOAD first: without it the branch is not compiled
                         # r in tb1; v (GAE) or a (scan) in tb2.
                         valid, a_, b_, c_, v_ = elem(row, t, 0, spos(sb + j), opts, tb1, tb2, nv, term,
-                                                     trunc, mask, tb2, lm, g_s, l_s)
+                                                     trunc, mask, tb2, True, lm, g_s, l_s)
                     else:
                         valid, a_, b_, c_, v_ = elem(row, t, row, t, opts, r, v, nv, term, trunc, mask,
-                                                     g, lm, g_s, l_s)
+                                                     g, False, lm, g_s, l_s)
                     ok[j] = valid
                     ea[j] = a_
                     eb[j] = b_
@@ -448,6 +477,70 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
         return ma, mb, mc, mh, mf
 
     @cuda.jit(device=True)
+    def shared_elem(row, t, slot, opts, v, nv, term, trunc, mask, g, lm, g_s, l_s, tb1, tb2):
+        # elem of a staged step (OPT_SHSTEPS): r in tb1, v (GAE) or a (scan) in tb2.
+        if KIND == SCAN:
+            return elem(row, t, 0, slot, opts, tb1, tb2, nv, term, trunc, mask, tb2, True, lm, g_s, l_s)
+        return elem(row, t, 0, slot, opts, tb1, tb2, nv, term, trunc, mask, g, False, lm, g_s, l_s)
+
+    @cuda.jit(device=True)
+    def fold_shared(row, u_lo, u_hi, T, opts, v, nv, term, trunc, mask, g, lm, g_s, l_s,
+                    lv, lv_s, sb, nxt, tb1, tb2):
+        """``OPT_SHSTEPS``: :func:`load` and :func:`fold` without the per-thread arrays.
+
+        The steps' inputs were staged by :func:`stage` (step j at slot
+        ``spos(sb + j)``).  Each step's map is composed as it is formed, latest
+        step first, and its constant ``c`` replaces the reward in ``tb1``:
+        :func:`emit` takes ``c`` from there and forms ``alpha`` again from the
+        flags, so nothing of the ``K`` steps stays in registers across the
+        block scan and the look-back (the per-thread arrays cost ~40 registers
+        at K=8, i.e. blocks per SM).  The same operations as load + fold, so
+        the same bits.
+        """
+        zero = CAST(0)
+        ma = CAST(1)
+        mb = zero
+        mc = zero
+        mh = False
+        mf = zero
+        for jj in range(K):
+            j = K - 1 - jj
+            u = u_lo + j
+            if u < u_hi:
+                t = phys(u, T)
+                valid, a_, b_, c_, v_ = shared_elem(row, t, spos(sb + j), opts, v, nv, term, trunc, mask,
+                                                    g, lm, g_s, l_s, tb1, tb2)
+                if valid:
+                    if DIRECT_V and b_ != zero:
+                        # V' as in load: the boundary value, the next staged value, or one more load.
+                        if u + 1 >= T:
+                            vn = boundary(lv, lv_s, opts, row)
+                        elif j + 1 < K:
+                            vn = tb2[0, spos(sb + j + 1)]
+                        elif nxt:
+                            vn = tb2[0, spos(sb + K)]
+                        else:
+                            vn = CAST(v[row, phys(u + 1, T)])
+                        c_ = cuda.fma(b_, vn, c_)
+                    tb1[0, spos(sb + j)] = c_
+                    ma, mb, mc, mh, mf = compose(a_, zero, c_, True, zero, ma, mb, mc, mh, mf)
+        return ma, mb, mc, mh, mf
+
+    @cuda.jit(device=True)
+    def thread_map(row, live, u_lo, u_hi, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
+                   lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv, rq, stg, sb, nxt, tb1, tb2):
+        # The map of this thread's steps of the tile (the identity for a row past R).
+        zero = CAST(0)
+        if not live:
+            return CAST(1), zero, zero, False, zero
+        if SHSTEPS:
+            return fold_shared(row, u_lo, u_hi, T, opts, v, nv, term, trunc, mask, g, lm, g_s, l_s,
+                               lv, lv_s, sb, nxt, tb1, tb2)
+        load(row, u_lo, u_hi, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
+             lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv, rq, stg, sb, nxt, tb1, tb2)
+        return fold(ok, ea, eb, ec, ev, rs, rv, rq)
+
+    @cuda.jit(device=True)
     def spos(i):
         # One padding slot per 32 elements: a thread's K consecutive slots and
         # the lanes' strided slots both fall in distinct banks.
@@ -469,7 +562,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
         """
         yl = y % yw
         slot0 = ((y // yw) * RW + x) * (yw * K)
-        stg = CLOAD and yw > 1 and (opts & NOSTAGE) == 0
+        stg = SHSTEPS or (CLOAD and yw > 1 and (opts & NOSTAGE) == 0)
         if stg:
             # No syncwarp first: a lane writes exactly the slots it read itself at the
             # end of the last tile's emit, and the slots are the warp's own.  (The
@@ -493,7 +586,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
 
     @cuda.jit(device=True)
     def emit(row, live, x, y, RW, yw, wmask, ut, u_lo, u_hi, T, ok, ea, eb, ec, ev, rs, rv, rq, A, Vn,
-             out1, out2, tb1, tb2):
+             out1, out2, tb1, tb2, opts, v, nv, term, trunc, mask, g, lm, g_s, l_s):
         """Run the staged steps concretely from state (A, Vn) and write the outputs.
 
         Every lane of the warp must call this.  With ``yw > 1`` time-threads of a
@@ -501,7 +594,9 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
         values pass through shared memory (``tb1``, ``tb2``) and are stored
         ``yw`` consecutive steps at a time, so the global stores are coalesced
         (one thread's ``K`` consecutive steps would hit ``K`` different sectors
-        per store instruction).
+        per store instruction).  With ``OPT_SHSTEPS`` the steps come from the
+        staging buffers (see :func:`fold_shared`), and each slot's input is read
+        before its output replaces it.
         """
         zero = CAST(0)
         two = KIND == GAE_V or KIND == GAE_NEXT
@@ -512,16 +607,27 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
                 j = K - 1 - jj
                 u = u_lo + j
                 if u < u_hi:
-                    if rs[j]:
-                        ra, rb, rc, rh, rf = reset_map(rv[j], rq[j])
-                        A, Vn = apply(ra, rb, rc, rh, rf, A, Vn)
                     o1 = zero
                     o2 = zero
-                    if ok[j]:
-                        A, Vn = apply(ea[j], eb[j], ec[j], True, ev[j], A, Vn)
-                        o1 = A
-                        if two:
-                            o2 = A + ev[j]
+                    if SHSTEPS:
+                        sl = spos(slot0 + yl * K + j)
+                        # c is fold_shared's; alpha (and v) are formed again (the reward's load is dead).
+                        valid, a_, b_, c_, v_ = shared_elem(row, phys(u, T), sl, opts, v, nv, term, trunc,
+                                                            mask, g, lm, g_s, l_s, tb1, tb2)
+                        if valid:
+                            A, Vn = apply(a_, zero, tb1[0, sl], False, zero, A, Vn)
+                            o1 = A
+                            if two:
+                                o2 = A + v_
+                    else:
+                        if rs[j]:
+                            ra, rb, rc, rh, rf = reset_map(rv[j], rq[j])
+                            A, Vn = apply(ra, rb, rc, rh, rf, A, Vn)
+                        if ok[j]:
+                            A, Vn = apply(ea[j], eb[j], ec[j], True, ev[j], A, Vn)
+                            o1 = A
+                            if two:
+                                o2 = A + ev[j]
                     if yw > 1:
                         tb1[0, spos(slot0 + yl * K + j)] = o1
                         if two:
@@ -810,17 +916,16 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
                         load(rr, n0, n1, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
                              lv, lv_s, cu, nseg, pok, pea, peb, pec, pev, prs, prv, prq,
                              False, 0, False, sh_tb1, sh_tb2)
+                    if live:
+                        ma, mb, mc, mh, mf = fold(ok, ea, eb, ec, ev, rs, rv, rq)
+                    else:
+                        ma, mb, mc, mh, mf = CAST(1), zero, zero, False, zero
                 else:
                     stg, sb, nxt = stage(rr, live, x, y, RW, yw, wmask, ti * tile, T, opts, r, v, g,
                                          sh_tb1, sh_tb2)
-                    if live:
-                        load(rr, u0, u1, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-                             lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv, rq,
-                             stg, sb, nxt, sh_tb1, sh_tb2)
-                if live:
-                    ma, mb, mc, mh, mf = fold(ok, ea, eb, ec, ev, rs, rv, rq)
-                else:
-                    ma, mb, mc, mh, mf = CAST(1), zero, zero, False, zero
+                    ma, mb, mc, mh, mf = thread_map(rr, live, u0, u1, T, opts, r, v, nv, term, trunc, mask,
+                                                    g, lm, g_s, l_s, lv, lv_s, cu, nseg, ok, ea, eb, ec, ev,
+                                                    rs, rv, rq, stg, sb, nxt, sh_tb1, sh_tb2)
                 block_suffix_scan(sh, sh_agg, x, y, RW, TW, yw, wmask, ma, mb, mc, mh, mf)
                 if y + 1 < TW:
                     xa, xb, xc, xh, xf = read_map(sh, (y + 1) * RW + x)
@@ -830,7 +935,8 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
                 ta, tb, tc, th, tf = read_map(sh, x)
                 A, Vn = apply(ta, tb, tc, th, tf, A, Vn)
                 emit(rr, live, x, y, RW, yw, wmask, ti * tile, u0, u1, T, ok, ea, eb, ec, ev, rs, rv, rq,
-                     cA, cV, out1, out2, sh_tb1, sh_tb2)
+                     cA, cV, out1, out2, sh_tb1, sh_tb2,
+                     opts, v, nv, term, trunc, mask, g, lm, g_s, l_s)
                 ti -= 1
         else:
             if x == 0 and y == 0:
@@ -848,13 +954,9 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
             rr = row if live else 0
             u0, u1 = span(ti, y, tile, T)
             stg, sb, nxt = stage(rr, live, x, y, RW, yw, wmask, ti * tile, T, opts, r, v, g, sh_tb1, sh_tb2)
-            if live:
-                load(rr, u0, u1, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-                     lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv, rq,
-                     stg, sb, nxt, sh_tb1, sh_tb2)
-                ma, mb, mc, mh, mf = fold(ok, ea, eb, ec, ev, rs, rv, rq)
-            else:
-                ma, mb, mc, mh, mf = CAST(1), zero, zero, False, zero
+            ma, mb, mc, mh, mf = thread_map(rr, live, u0, u1, T, opts, r, v, nv, term, trunc, mask,
+                                            g, lm, g_s, l_s, lv, lv_s, cu, nseg,
+                                            ok, ea, eb, ec, ev, rs, rv, rq, stg, sb, nxt, sh_tb1, sh_tb2)
             block_suffix_scan(sh, sh_agg, x, y, RW, TW, yw, wmask, ma, mb, mc, mh, mf)
             skip = (opts & OPT_DEBUG_SKIP) != 0 and c_rev % 16 != 0
             if FASTLB:
@@ -995,7 +1097,8 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
                     xa, xb, xc, xh, xf = read_map(sh, (y + 1) * RW + x)
                     A, Vn = apply(xa, xb, xc, xh, xf, A, Vn)
             emit(rr, live, x, y, RW, yw, wmask, ti * tile, u0, u1, T, ok, ea, eb, ec, ev, rs, rv, rq,
-                 A, Vn, out1, out2, sh_tb1, sh_tb2)
+                 A, Vn, out1, out2, sh_tb1, sh_tb2,
+                 opts, v, nv, term, trunc, mask, g, lm, g_s, l_s)
 
     if parts is not None:
         parts.update(fast_lookback=fast_lookback, lb_pack=lb_pack, lb_word=lb_word, apply=apply)
