@@ -343,8 +343,8 @@ def test_staged_steps_across_warps(geom, feature, tunable, launched):
         # One time-thread per warp (RW=32) reads 32 rows' consecutive addresses already.
         assert staged == [name != "lookback-tm-rw32"]
     else:
-        # Every warp layout (RW=32 stages each thread's own steps); not masked GAE.
-        assert [bool(o & kern.OPT_SHSTEPS) for o in launched] == [feature == "dones"]
+        # Every warp layout (RW=32 stages each thread's own steps), masked or not.
+        assert [bool(o & kern.OPT_SHSTEPS) for o in launched] == [True]
     want = run_gae(tun, np.float64, r, v, 0.97, 0.9, term=d, mask=m, lv=lv)
     for x, w, e in zip(got, want, gae_oracle(r, v, 0.97, 0.9, term=d, mask=m, lv=lv), strict=True):
         close(x, e, np.float64)
@@ -675,11 +675,8 @@ _SOME = {"prefetch-2warps": ["gae-dones", "gae-packed"],
          "fast-full-warp": ["gae-next-values", "gae-packed"],
          "cload-fast": ["gae-dones", "gae-packed", "scan-reverse"],
          "cload-2rows": ["gae-dones", "gae-next-values", "returns-mask", "scan-forward"],
-         # Packed rows keep the per-thread steps (see test_shared_steps_only_where_they_apply).
-         "shared-rows": [p for p in VARIANT_PROBLEMS if p != "gae-packed"],
-         "shared-lookback": [p for p in VARIANT_PROBLEMS if p != "gae-packed"],
-         "shared-longwalk": ["gae-dones", "gae-next-values", "returns-mask"],
-         "shared-fast": ["gae-dones", "gae-f16-nan-after-done", "returns-mask", "scan-reverse"],
+         "shared-longwalk": ["gae-dones", "gae-next-values", "gae-packed", "returns-mask"],
+         "shared-fast": ["gae-dones", "gae-f16-nan-after-done", "gae-packed", "returns-mask", "scan-reverse"],
          "shared-2rows": ["gae-dones", "gae-next-values", "returns-mask", "scan-forward"],
          "shared-over-cload": ["gae-dones", "scan-forward"]}
 VARIANT_CASES = [(v, p) for v in VARIANTS for p in _SOME.get(v[0], VARIANT_PROBLEMS)]
@@ -768,13 +765,13 @@ def test_coalesced_loads_only_where_they_apply(case, launched):
         assert all(o & kern.OPT_PREFETCH for o in launched)
 
 
-@pytest.mark.parametrize("case", ["masked-gae", "packed", "with-prefetch", "gamma-array", "lam-array"])
-def test_shared_steps_only_where_they_apply(case, launched):
-    # emit forms each step again from shared memory, so a step's map must come from its
-    # own inputs: not masked GAE (the next unmasked value), not packed rows (a segment
-    # end restarts the state), and not with the prefetching rows kernel.  Per-step γ
-    # and λ arrays are read from global memory: those keep the variant, with the same
-    # bits.  (Masked returns and the scan's a array: test_kernel_variant.)
+@pytest.mark.parametrize("case", ["masked-gae", "packed", "packed-uncovered", "gamma-array", "lam-array",
+                                  "with-prefetch"])
+def test_shared_steps_where_they_apply(case, launched):
+    # emit forms each step again from shared memory: masked GAE's five-number maps
+    # whole, packed rows walking their segments again (latest step first, as the fold),
+    # per-step γ and λ arrays read from global memory.  Everywhere the same bits as the
+    # default kernels; only the prefetching rows kernel keeps its steps in registers.
     from gaescan.kernels import cuda as kern
 
     rng = np.random.default_rng(23)
@@ -786,9 +783,12 @@ def test_shared_steps_only_where_they_apply(case, launched):
     base = LOOKBACK
     if case == "masked-gae":
         m = rng.random((R, T)) < 0.8
-    elif case == "packed":
-        cu = np.array([0, 7, 7, 60, 90], dtype=np.int64)
+    elif case.startswith("packed"):
+        # Empty segments, one-step segments, thread and tile boundaries inside segments;
+        # "uncovered": steps before the first and after the last segment (outputs 0).
+        cu = np.array([0, 7, 7, 8, 60, 90] if case == "packed" else [5, 7, 7, 8, 60, 80], dtype=np.int64)
         r, v, d = r.reshape(1, -1), v.reshape(1, -1), d.reshape(1, -1)
+        m = rng.random(r.shape) < 0.85
         lv = rng.standard_normal(len(cu) - 1).astype(f)
     elif case == "with-prefetch":
         base = dict(ROWS, prefetch=True)
@@ -797,14 +797,18 @@ def test_shared_steps_only_where_they_apply(case, launched):
     else:
         lam = rng.uniform(0.8, 1.0, (R, T)).astype(f)
     got = run_gae(dict(base, shared_steps=True), f, r, v, g, lam, term=d, mask=m, lv=lv, cu=cu)
-    for x, e in zip(got, gae_oracle(r, v, g, lam, term=d, mask=m, lv=lv, cu=cu), strict=True):
-        close(x, e, f)
-    applies = case in ("gamma-array", "lam-array")
+    applies = case != "with-prefetch"
     assert launched and all(bool(o & kern.OPT_SHSTEPS) == applies for o in launched)
-    if applies:
-        want = run_gae(base, f, r, v, g, lam, term=d, mask=m, lv=lv, cu=cu)
-        for x, w in zip(got, want, strict=True):
-            assert x.tobytes() == w.tobytes(), "shared steps changed the bits"
+    if case != "packed-uncovered":
+        for x, e in zip(got, gae_oracle(r, v, g, lam, term=d, mask=m, lv=lv, cu=cu), strict=True):
+            close(x, e, f)
+    else:
+        assert not got[0][0, :5].any() and not got[0][0, 80:].any()
+    launched.clear()
+    want = run_gae(base, f, r, v, g, lam, term=d, mask=m, lv=lv, cu=cu)
+    assert launched and not any(o & kern.OPT_SHSTEPS for o in launched)
+    for x, w in zip(got, want, strict=True):
+        assert x.tobytes() == w.tobytes(), "shared steps changed the bits"
 
 
 # --------------------------------------------------------------------------- fast look-back, concurrently

@@ -179,7 +179,7 @@ def _cases():
     out.append(("gae-lookback-cload-float32<-float32-mask+packed", kern.GAE_V, kern.MODE_LOOKBACK, False,
                 np.float32, np.float32, np.bool_, None, CL | M | P))
     # Steps kept in shared memory: both drivers, with the fast look-back, f16 inputs, f64,
-    # and masked returns (allowed: their maps are (alpha, c)).
+    # masks (masked GAE: five-number maps formed again in emit) and packed rows.
     SH = kern.OPT_SHSTEPS
     for kname, kind, fwd in kinds:
         for mname, mode in modes:
@@ -193,6 +193,15 @@ def _cases():
                 np.float32, np.float32, np.bool_, None, SH | M))
     out.append(("gae_next-rows-shared-float32<-float32-mask", kern.GAE_NEXT, kern.MODE_ROWS, False,
                 np.float32, np.float32, np.bool_, None, SH | M))
+    for mname, mode in modes:
+        out.append((f"gae-{mname}-shared-float32<-float32-mask", kern.GAE_V, mode, False,
+                    np.float32, np.float32, np.bool_, None, SH | M))
+        out.append((f"gae-{mname}-shared-float32<-float32-mask+packed", kern.GAE_V, mode, False,
+                    np.float32, np.float32, np.bool_, None, SH | M | P))
+    out.append(("gae-lookback-fast+shared-float32<-float32-packed", kern.GAE_V, kern.MODE_LOOKBACK, False,
+                np.float32, np.float32, np.bool_, None, SH | FL | P))
+    out.append(("returns-lookback-fast+shared-float32<-float32-mask+packed", kern.RET, kern.MODE_LOOKBACK,
+                False, np.float32, np.float32, np.bool_, None, SH | FL | M | P))
     return out
 
 

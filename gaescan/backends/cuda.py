@@ -90,7 +90,7 @@ TUNABLES: dict[str, Any] = {
     # Experimental (gpu-check compares both): a tile's steps stay in shared memory from
     # the coalesced loads to the stores instead of K per-thread registers each (which
     # hold ~40 registers across the block scan and the look-back: blocks per SM).
-    # (alpha, c) maps, rows not packed; implies the coalesced loads; not with "prefetch".
+    # Implies the coalesced loads; not with "prefetch" (then the prefetch is used).
     "shared_steps": False,
     # Experimental (GPU only; gpu-check compares both): launch the one compiled
     # kernel directly, skipping Numba's per-call launch configuration, argument

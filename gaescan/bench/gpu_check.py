@@ -639,14 +639,20 @@ def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool) -> None:
     check("shared steps: gae rows B=2048 T=2000 f16 inputs",
           variant(gae_case((2048, 2000), np.float16), **sh))
     check("shared steps: gae rows f64 B=64 T=50000", variant(gae_case((64, 50000), np.float64), **sh))
+    check("shared steps: gae rows B=2048 T=2000 f32 mask",
+          variant(gae_case((2048, 2000), mask=cp.asarray(rng.random((2048, 2000)) < 0.8)), **sh))
     check("shared steps: gae time-major axis=0 T=8192 B=512 (one time-thread per warp)",
           variant(gae_case((8192, 512), axis=0), **sh))
     check("shared steps: gae time-major axis=0 T=4096 B=8 (4 rows per warp)",
           variant(gae_case((4096, 8), axis=0), **sh))
-    check("shared steps: gae long rows B=3 T=300001 gamma[B,1]+lam[B,T]+lv[B] (no mask)",
-          variant(gae_case((3, 300001), gamma=cp.asarray(rng.uniform(0.9, 1.0, (3, 1)).astype(np.float32)),
+    check("shared steps: gae long rows B=3 T=300001 f32 mask+gamma[B,1]+lam[B,T]+lv[B]",
+          variant(gae_case((3, 300001), mask=cp.asarray(rng.random((3, 300001)) < 0.7),
+                           gamma=cp.asarray(rng.uniform(0.9, 1.0, (3, 1)).astype(np.float32)),
                            lam=cp.asarray(rng.uniform(0.8, 1.0, (3, 300001)).astype(np.float32)),
                            last_value=cp.asarray(rng.standard_normal(3).astype(np.float32))), **sh))
+    check("shared steps: packed f32 mask lv[S]", variant(packed(), **sh))
+    check("shared steps + fast look-back: discounted_returns packed mask lv[S]",
+          variant(rets(None, packed_=True), **sh, **fl))
     check("shared steps: terminated+truncated+next_values B=16 T=20000",
           variant(tt(np.float32, (16, 20000)), **sh))
     check("shared steps: discounted_returns B=1024 T=1000", variant(rets((1024, 1000)), **sh))

@@ -89,7 +89,8 @@ kernels' bits):
   constant replaces its reward there), and :func:`emit` forms each step again
   from the buffers and the flags, so no per-step arrays are held in registers
   across the block scan and the look-back (GAE look-back: 78 registers instead
-  of 111).  (alpha, c) maps only, not packed rows; every warp layout stages.
+  of 111).  Packed rows walk their segments again in emit; every warp layout
+  stages.
 
 Look-back records (one per tile and row group, see :func:`group_record`) keep
 the maps and the states of the group's rows in separate 128-byte-aligned
@@ -143,22 +144,15 @@ OPT_LAARR = 256  # GAE: lv[nseg + s] holds last_advantage (A past sequence s), e
 OPT_PREFETCH = 512  # MODE_ROWS: the next tile's loads are issued before this tile is scanned
 OPT_FASTLB = 1024  # MODE_LOOKBACK, float32, (alpha, c) maps, one row per block: fence-free words
 OPT_CLOAD = 2048  # not with OPT_PREFETCH: the warp loads its steps coalesced, through shared memory
-OPT_SHSTEPS = 4096  # (alpha, c) maps, not packed: a tile's steps stay in shared memory, not registers
+OPT_SHSTEPS = 4096  # not with OPT_PREFETCH: a tile's steps stay in shared memory, not registers
 #: The option bits that select a compiled kernel (the others are runtime switches).
 CT_BITS = OPT_MASK | OPT_PACKED | OPT_PREFETCH | OPT_FASTLB | OPT_CLOAD | OPT_SHSTEPS
 
 
 def keeps_steps_shared(opts: int, kind: int) -> bool:
-    """Whether a launch with these option bits can take ``OPT_SHSTEPS``.
-
-    The steps are re-read from shared memory by :func:`emit`, so every step's
-    map must be computable from its own inputs: (alpha, c) maps (not masked
-    GAE, whose maps carry the next unmasked value) and no packed rows (whose
-    segment ends restart the state).  Not with ``OPT_PREFETCH``.
-    """
-    if opts & (OPT_PACKED | OPT_PREFETCH):
-        return False
-    return not (kind == GAE_V and opts & OPT_MASK)
+    """Whether a launch with these option bits can take ``OPT_SHSTEPS``: not with
+    ``OPT_PREFETCH``, whose next tile's steps are in flight in registers."""
+    return not opts & OPT_PREFETCH
 
 
 def stages_inputs(opts: int, kind: int, rw: int, tw: int) -> bool:
@@ -243,9 +237,8 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
                          "float32 outputs and (alpha, c) maps only (not masked GAE)")
     # Steps kept in shared memory (see fold_shared): always staged, never in registers.
     SHSTEPS = bool(CT & OPT_SHSTEPS)
-    if SHSTEPS and (USE_V or PACKED or PREFETCH):
-        raise ValueError("shared-memory steps need (alpha, c) maps (not masked GAE), rows that are "
-                         "not packed, and no prefetch: see keeps_steps_shared")
+    if SHSTEPS and PREFETCH:
+        raise ValueError("shared-memory steps and prefetching exclude each other: see keeps_steps_shared")
     # Coalesced loads (see stage): the float inputs pass through the output buffers.
     CLOAD = (bool(CT & OPT_CLOAD) and not PREFETCH) or SHSTEPS
     GAE = KIND in (GAE_V, GAE_NEXT)
@@ -477,6 +470,45 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
         return ma, mb, mc, mh, mf
 
     @cuda.jit(device=True)
+    def seg_at(cu, nseg, u, T):
+        # OPT_SHSTEPS, packed rows: the segment holding step u and its bounds (s = -1: none).
+        s = -1
+        lo = 0
+        hi = 0
+        if PACKED:
+            s = find_seg(cu, nseg, u, T)
+            if s >= 0:
+                lo = seg_bound(cu, s, T)
+                hi = seg_bound(cu, s + 1, T)
+        return s, lo, hi
+
+    @cuda.jit(device=True)
+    def seg_down(cu, nseg, u, T, s, lo, hi):
+        """``(inside, restart, s, lo, hi)`` at step u, walking down from the segment
+        of a later step (load's walk up, mirrored: steps are visited latest first).
+
+        ``inside``: u is in non-empty segment s; ``restart``: u is its last step.
+        Without packed rows every step is inside and none restarts.
+        """
+        if not PACKED:
+            return True, False, s, lo, hi
+        while s >= 0 and u < lo:
+            s -= 1
+            if s >= 0:
+                lo = seg_bound(cu, s, T)
+                hi = seg_bound(cu, s + 1, T)
+        inside = s >= 0 and lo <= u and u < hi
+        return inside, inside and u == hi - 1, s, lo, hi
+
+    @cuda.jit(device=True)
+    def restart_map(lv, lv_s, opts, s, nseg):
+        # The map of segment s's end (see load's rv, rq and reset_map).
+        rq = CAST(0)
+        if KIND == GAE_V or KIND == GAE_NEXT:
+            rq = carry_in(lv, opts, s, nseg)
+        return reset_map(boundary(lv, lv_s, opts, s), rq)
+
+    @cuda.jit(device=True)
     def shared_elem(row, t, slot, opts, v, nv, term, trunc, mask, g, lm, g_s, l_s, tb1, tb2):
         # elem of a staged step (OPT_SHSTEPS): r in tb1, v (GAE) or a (scan) in tb2.
         if KIND == SCAN:
@@ -485,17 +517,19 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
 
     @cuda.jit(device=True)
     def fold_shared(row, u_lo, u_hi, T, opts, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-                    lv, lv_s, sb, nxt, tb1, tb2):
+                    lv, lv_s, cu, nseg, sb, nxt, tb1, tb2):
         """``OPT_SHSTEPS``: :func:`load` and :func:`fold` without the per-thread arrays.
 
         The steps' inputs were staged by :func:`stage` (step j at slot
         ``spos(sb + j)``).  Each step's map is composed as it is formed, latest
-        step first, and its constant ``c`` replaces the reward in ``tb1``:
-        :func:`emit` takes ``c`` from there and forms ``alpha`` again from the
-        flags, so nothing of the ``K`` steps stays in registers across the
-        block scan and the look-back (the per-thread arrays cost ~40 registers
-        at K=8, i.e. blocks per SM).  The same operations as load + fold, so
-        the same bits.
+        step first.  With (alpha, c) maps its constant ``c`` (δ needs the next
+        step's value, whose slot emit overwrites first) replaces the reward in
+        ``tb1``, and :func:`emit` takes ``c`` from there and forms ``alpha``
+        again from the flags; masked GAE's five-number maps are formed again
+        whole from the staged reward and value.  Nothing of the ``K`` steps
+        stays in registers across the block scan and the look-back (the
+        per-thread arrays cost ~40 registers at K=8, i.e. blocks per SM).  The
+        same operations as load + fold, so the same bits.
         """
         zero = CAST(0)
         ma = CAST(1)
@@ -503,17 +537,27 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
         mc = zero
         mh = False
         mf = zero
+        s, seg_lo, seg_hi = seg_at(cu, nseg, u_hi - 1, T)
         for jj in range(K):
             j = K - 1 - jj
             u = u_lo + j
             if u < u_hi:
-                t = phys(u, T)
-                valid, a_, b_, c_, v_ = shared_elem(row, t, spos(sb + j), opts, v, nv, term, trunc, mask,
-                                                    g, lm, g_s, l_s, tb1, tb2)
-                if valid:
+                inside, restart, s, seg_lo, seg_hi = seg_down(cu, nseg, u, T, s, seg_lo, seg_hi)
+                if restart:
+                    ra, rb, rc, rh, rf = restart_map(lv, lv_s, opts, s, nseg)
+                    ma, mb, mc, mh, mf = compose(ra, rb, rc, rh, rf, ma, mb, mc, mh, mf)
+                valid = False
+                if inside:
+                    valid, a_, b_, c_, v_ = shared_elem(row, phys(u, T), spos(sb + j), opts, v, nv, term,
+                                                        trunc, mask, g, lm, g_s, l_s, tb1, tb2)
+                if valid and USE_V:
+                    ma, mb, mc, mh, mf = compose(a_, b_, c_, True, v_, ma, mb, mc, mh, mf)
+                elif valid:
                     if DIRECT_V and b_ != zero:
                         # V' as in load: the boundary value, the next staged value, or one more load.
-                        if u + 1 >= T:
+                        if PACKED and restart:
+                            vn = boundary(lv, lv_s, opts, s)
+                        elif u + 1 >= T:
                             vn = boundary(lv, lv_s, opts, row)
                         elif j + 1 < K:
                             vn = tb2[0, spos(sb + j + 1)]
@@ -535,7 +579,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
             return CAST(1), zero, zero, False, zero
         if SHSTEPS:
             return fold_shared(row, u_lo, u_hi, T, opts, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-                               lv, lv_s, sb, nxt, tb1, tb2)
+                               lv, lv_s, cu, nseg, sb, nxt, tb1, tb2)
         load(row, u_lo, u_hi, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
              lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv, rq, stg, sb, nxt, tb1, tb2)
         return fold(ok, ea, eb, ec, ev, rs, rv, rq)
@@ -548,7 +592,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
 
     @cuda.jit(device=True)
     def stage(row, live, x, y, RW, yw, wmask, ut, T, opts, r, v, g, tb1, tb2):
-        """Coalesced loads of a tile's float inputs into shared memory (``OPT_CLOAD``).
+        """Coalesced loads of a tile's float inputs into shared memory (``OPT_CLOAD``, ``OPT_SHSTEPS``).
 
         The ``yw`` time-threads of row ``x`` in a warp own ``yw*K`` consecutive
         steps; they read them together, lane ``yl`` at steps ``yl, yl+yw, ...``
@@ -586,7 +630,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
 
     @cuda.jit(device=True)
     def emit(row, live, x, y, RW, yw, wmask, ut, u_lo, u_hi, T, ok, ea, eb, ec, ev, rs, rv, rq, A, Vn,
-             out1, out2, tb1, tb2, opts, v, nv, term, trunc, mask, g, lm, g_s, l_s):
+             out1, out2, tb1, tb2, opts, v, nv, term, trunc, mask, g, lm, g_s, l_s, lv, lv_s, cu, nseg):
         """Run the staged steps concretely from state (A, Vn) and write the outputs.
 
         Every lane of the warp must call this.  With ``yw > 1`` time-threads of a
@@ -603,6 +647,11 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
         yl = y % yw
         slot0 = ((y // yw) * RW + x) * (yw * K)  # this row's slots in the warp's part of tb
         if live:
+            s = -1
+            seg_lo = 0
+            seg_hi = 0
+            if SHSTEPS:
+                s, seg_lo, seg_hi = seg_at(cu, nseg, u_hi - 1, T)
             for jj in range(K):
                 j = K - 1 - jj
                 u = u_lo + j
@@ -611,10 +660,21 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
                     o2 = zero
                     if SHSTEPS:
                         sl = spos(slot0 + yl * K + j)
-                        # c is fold_shared's; alpha (and v) are formed again (the reward's load is dead).
-                        valid, a_, b_, c_, v_ = shared_elem(row, phys(u, T), sl, opts, v, nv, term, trunc,
-                                                            mask, g, lm, g_s, l_s, tb1, tb2)
-                        if valid:
+                        inside, restart, s, seg_lo, seg_hi = seg_down(cu, nseg, u, T, s, seg_lo, seg_hi)
+                        if restart:
+                            ra, rb, rc, rh, rf = restart_map(lv, lv_s, opts, s, nseg)
+                            A, Vn = apply(ra, rb, rc, rh, rf, A, Vn)
+                        # (alpha, c): c is fold_shared's, alpha (and v) are formed again (the
+                        # reward's load is dead); masked GAE: the whole map is formed again.
+                        valid = False
+                        if inside:
+                            valid, a_, b_, c_, v_ = shared_elem(row, phys(u, T), sl, opts, v, nv, term,
+                                                                trunc, mask, g, lm, g_s, l_s, tb1, tb2)
+                        if valid and USE_V:
+                            A, Vn = apply(a_, b_, c_, True, v_, A, Vn)
+                            o1 = A
+                            o2 = A + v_
+                        elif valid:
                             A, Vn = apply(a_, zero, tb1[0, sl], False, zero, A, Vn)
                             o1 = A
                             if two:
@@ -936,7 +996,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
                 A, Vn = apply(ta, tb, tc, th, tf, A, Vn)
                 emit(rr, live, x, y, RW, yw, wmask, ti * tile, u0, u1, T, ok, ea, eb, ec, ev, rs, rv, rq,
                      cA, cV, out1, out2, sh_tb1, sh_tb2,
-                     opts, v, nv, term, trunc, mask, g, lm, g_s, l_s)
+                     opts, v, nv, term, trunc, mask, g, lm, g_s, l_s, lv, lv_s, cu, nseg)
                 ti -= 1
         else:
             if x == 0 and y == 0:
@@ -1098,7 +1158,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
                     A, Vn = apply(xa, xb, xc, xh, xf, A, Vn)
             emit(rr, live, x, y, RW, yw, wmask, ti * tile, u0, u1, T, ok, ea, eb, ec, ev, rs, rv, rq,
                  A, Vn, out1, out2, sh_tb1, sh_tb2,
-                 opts, v, nv, term, trunc, mask, g, lm, g_s, l_s)
+                 opts, v, nv, term, trunc, mask, g, lm, g_s, l_s, lv, lv_s, cu, nseg)
 
     if parts is not None:
         parts.update(fast_lookback=fast_lookback, lb_pack=lb_pack, lb_word=lb_word, apply=apply)
