@@ -588,20 +588,15 @@ VARIANTS = [
     # 32 threads, 1 step each: warp 0 polls all the row's later tiles at once (lanes past tile 0).
     ("fast-full-warp", dict(threads=32, k=1, rows_min_blocks=10**9, fast_lookback=True),
      dict(threads=32, k=1, rows_min_blocks=10**9), "OPT_FASTLB"),
-    ("cload-rows", dict(ROWS, coalesced_loads=True), ROWS, "OPT_CLOAD"),
-    ("cload-lookback", dict(LOOKBACK, coalesced_loads=True), LOOKBACK, "OPT_CLOAD"),
-    ("cload-fast", dict(LOOKBACK, fast_lookback=True, coalesced_loads=True),
-     dict(LOOKBACK, fast_lookback=True), "OPT_CLOAD"),
-    # Two rows per block, 16 time-threads each (one tile of 8 steps per thread).
-    ("cload-2rows", dict(threads=64, k=8, rows_min_blocks=1, coalesced_loads=True),
-     dict(threads=64, k=8, rows_min_blocks=1), "OPT_CLOAD"),
-    ("shared-rows", dict(ROWS, shared_steps=True), ROWS, "OPT_SHSTEPS"),
-    ("shared-lookback", dict(LOOKBACK, shared_steps=True), LOOKBACK, "OPT_SHSTEPS"),
+    # Coalesced loads, and steps kept in shared memory, over four baselines ("2rows": two
+    # rows per block, 16 time-threads each, one tile of 8 steps per thread).
+    *[(f"{vname}-{bname}", dict(base, **{tunable: True}), base, bit)
+      for vname, tunable, bit in (("cload", "coalesced_loads", "OPT_CLOAD"),
+                                  ("shared", "shared_steps", "OPT_SHSTEPS"))
+      for bname, base in (("rows", ROWS), ("lookback", LOOKBACK),
+                          ("fast", dict(LOOKBACK, fast_lookback=True)),
+                          ("2rows", dict(threads=64, k=8, rows_min_blocks=1)))],
     ("shared-longwalk", dict(LONGWALK, shared_steps=True), LONGWALK, "OPT_SHSTEPS"),
-    ("shared-fast", dict(LOOKBACK, fast_lookback=True, shared_steps=True),
-     dict(LOOKBACK, fast_lookback=True), "OPT_SHSTEPS"),
-    ("shared-2rows", dict(threads=64, k=8, rows_min_blocks=1, shared_steps=True),
-     dict(threads=64, k=8, rows_min_blocks=1), "OPT_SHSTEPS"),
     # Steps kept in shared memory, with the coalesced-loads tunable set as well (it yields).
     ("shared-over-cload", dict(LOOKBACK, coalesced_loads=True, shared_steps=True),
      dict(LOOKBACK, coalesced_loads=True), "OPT_SHSTEPS"),

@@ -164,29 +164,24 @@ def _cases():
                 np.float32, np.float32, np.bool_, None, FL | P))
     out.append(("returns-lookback-fast-float32<-float32-mask+packed", kern.RET, kern.MODE_LOOKBACK, False,
                 np.float32, np.float32, np.bool_, None, FL | M | P))
-    # Coalesced loads through shared memory, in both drivers and with the fast look-back.
-    CL = kern.OPT_CLOAD
-    for kname, kind, fwd in kinds:
-        for mname, mode in modes:
-            out.append((f"{kname}-{mname}-cload-float32<-float32",
-                        kind, mode, fwd, np.float32, np.float32, np.bool_, None, CL))
-        out.append((f"{kname}-lookback-fast+cload-float32<-float16",
-                    kind, kern.MODE_LOOKBACK, fwd, np.float32, np.float16, np.bool_, None, FL | CL))
+    # Coalesced loads through shared memory, and steps kept there: in both drivers and
+    # with the fast look-back.
+    CL, SH = kern.OPT_CLOAD, kern.OPT_SHSTEPS
+    for vname, vbit in (("cload", CL), ("shared", SH)):
+        for kname, kind, fwd in kinds:
+            for mname, mode in modes:
+                out.append((f"{kname}-{mname}-{vname}-float32<-float32",
+                            kind, mode, fwd, np.float32, np.float32, np.bool_, None, vbit))
+            out.append((f"{kname}-lookback-fast+{vname}-float32<-float16",
+                        kind, kern.MODE_LOOKBACK, fwd, np.float32, np.float16, np.bool_, None, FL | vbit))
     out.append(("gae-lookback-fast+cload-float32<-float32", kern.GAE_V, kern.MODE_LOOKBACK, False,
                 np.float32, np.float32, np.bool_, None, FL | CL))
     out.append(("gae-rows-cload-float64<-float64", kern.GAE_V, kern.MODE_ROWS, False,
                 np.float64, np.float64, np.bool_, None, CL))
     out.append(("gae-lookback-cload-float32<-float32-mask+packed", kern.GAE_V, kern.MODE_LOOKBACK, False,
                 np.float32, np.float32, np.bool_, None, CL | M | P))
-    # Steps kept in shared memory: both drivers, with the fast look-back, f16 inputs, f64,
-    # masks (masked GAE: five-number maps formed again in emit) and packed rows.
-    SH = kern.OPT_SHSTEPS
-    for kname, kind, fwd in kinds:
-        for mname, mode in modes:
-            out.append((f"{kname}-{mname}-shared-float32<-float32",
-                        kind, mode, fwd, np.float32, np.float32, np.bool_, None, SH))
-        out.append((f"{kname}-lookback-fast+shared-float32<-float16",
-                    kind, kern.MODE_LOOKBACK, fwd, np.float32, np.float16, np.bool_, None, FL | SH))
+    # Steps kept in shared memory: f64, masks (masked GAE: five-number maps formed again
+    # in emit) and packed rows.
     out.append(("gae-lookback-shared-float64<-float64", kern.GAE_V, kern.MODE_LOOKBACK, False,
                 np.float64, np.float64, np.bool_, None, SH))
     out.append(("returns-lookback-shared-float32<-float32-mask", kern.RET, kern.MODE_LOOKBACK, False,

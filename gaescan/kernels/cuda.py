@@ -445,6 +445,11 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
                     ec[j] = cuda.fma(eb[j], vn, ec[j])
 
     @cuda.jit(device=True)
+    def identity_map():
+        zero = CAST(0)
+        return CAST(1), zero, zero, False, zero
+
+    @cuda.jit(device=True)
     def reset_map(bv, bc):
         zero = CAST(0)
         if KIND == RET:
@@ -454,12 +459,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
     @cuda.jit(device=True)
     def fold(ok, ea, eb, ec, ev, rs, rv, rq):
         """Compose the staged maps, latest step first."""
-        zero = CAST(0)
-        ma = CAST(1)
-        mb = zero
-        mc = zero
-        mh = False
-        mf = zero
+        ma, mb, mc, mh, mf = identity_map()
         for jj in range(K):
             j = K - 1 - jj
             if rs[j]:
@@ -532,11 +532,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
         same operations as load + fold, so the same bits.
         """
         zero = CAST(0)
-        ma = CAST(1)
-        mb = zero
-        mc = zero
-        mh = False
-        mf = zero
+        ma, mb, mc, mh, mf = identity_map()
         s, seg_lo, seg_hi = seg_at(cu, nseg, u_hi - 1, T)
         for jj in range(K):
             j = K - 1 - jj
@@ -574,9 +570,8 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
     def thread_map(row, live, u_lo, u_hi, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
                    lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv, rq, stg, sb, nxt, tb1, tb2):
         # The map of this thread's steps of the tile (the identity for a row past R).
-        zero = CAST(0)
         if not live:
-            return CAST(1), zero, zero, False, zero
+            return identity_map()
         if SHSTEPS:
             return fold_shared(row, u_lo, u_hi, T, opts, v, nv, term, trunc, mask, g, lm, g_s, l_s,
                                lv, lv_s, cu, nseg, sb, nxt, tb1, tb2)
@@ -979,7 +974,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
                     if live:
                         ma, mb, mc, mh, mf = fold(ok, ea, eb, ec, ev, rs, rv, rq)
                     else:
-                        ma, mb, mc, mh, mf = CAST(1), zero, zero, False, zero
+                        ma, mb, mc, mh, mf = identity_map()
                 else:
                     stg, sb, nxt = stage(rr, live, x, y, RW, yw, wmask, ti * tile, T, opts, r, v, g,
                                          sh_tb1, sh_tb2)
