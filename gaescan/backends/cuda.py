@@ -234,7 +234,7 @@ class _Launch:
                 and not (kind == kern.GAE_V and opts & kern.OPT_MASK) and get("fast_lookback"))
         if fast:
             opts |= kern.OPT_FASTLB
-        if get("shared_steps") and kern.keeps_steps_shared(opts, kind):
+        if get("shared_steps") and not opts & kern.OPT_PREFETCH:
             opts |= kern.OPT_SHSTEPS
         elif (get("coalesced_loads") and not opts & kern.OPT_PREFETCH
                 and kern.stages_inputs(opts, kind, RW, TW)):

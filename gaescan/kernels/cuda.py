@@ -140,19 +140,14 @@ OPT_LVARR = 32
 OPT_PACKED = 64
 OPT_DEBUG_SKIP = 128  # tests only: most tiles never publish their state (longer look-backs)
 OPT_LAARR = 256  # GAE: lv[nseg + s] holds last_advantage (A past sequence s), else 0
-# Compile-time variants (tunables "prefetch", "fast_lookback", "coalesced_loads"; see the backend).
+# Compile-time variants (tunables "prefetch", "fast_lookback", "coalesced_loads", "shared_steps";
+# see the backend).
 OPT_PREFETCH = 512  # MODE_ROWS: the next tile's loads are issued before this tile is scanned
 OPT_FASTLB = 1024  # MODE_LOOKBACK, float32, (alpha, c) maps, one row per block: fence-free words
 OPT_CLOAD = 2048  # not with OPT_PREFETCH: the warp loads its steps coalesced, through shared memory
 OPT_SHSTEPS = 4096  # not with OPT_PREFETCH: a tile's steps stay in shared memory, not registers
 #: The option bits that select a compiled kernel (the others are runtime switches).
 CT_BITS = OPT_MASK | OPT_PACKED | OPT_PREFETCH | OPT_FASTLB | OPT_CLOAD | OPT_SHSTEPS
-
-
-def keeps_steps_shared(opts: int, kind: int) -> bool:
-    """Whether a launch with these option bits can take ``OPT_SHSTEPS``: not with
-    ``OPT_PREFETCH``, whose next tile's steps are in flight in registers."""
-    return not opts & OPT_PREFETCH
 
 
 def stages_inputs(opts: int, kind: int, rw: int, tw: int) -> bool:
@@ -238,7 +233,9 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
     # Steps kept in shared memory (see fold_shared): always staged, never in registers.
     SHSTEPS = bool(CT & OPT_SHSTEPS)
     if SHSTEPS and PREFETCH:
-        raise ValueError("shared-memory steps and prefetching exclude each other: see keeps_steps_shared")
+        # The prefetch holds the next tile's steps in registers, in flight: the backend
+        # sets at most one of the two.
+        raise ValueError("shared-memory steps and prefetching exclude each other")
     # Coalesced loads (see stage): the float inputs pass through the output buffers.
     CLOAD = (bool(CT & OPT_CLOAD) and not PREFETCH) or SHSTEPS
     GAE = KIND in (GAE_V, GAE_NEXT)
