@@ -650,8 +650,8 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
                 if u < u_hi:
                     o1 = zero
                     o2 = zero
+                    sl = spos(slot0 + yl * K + j)
                     if SHSTEPS:
-                        sl = spos(slot0 + yl * K + j)
                         inside, restart, s, seg_lo, seg_hi = seg_down(cu, nseg, u, T, s, seg_lo, seg_hi)
                         if restart:
                             ra, rb, rc, rh, rf = restart_map(lv, lv_s, opts, s, nseg)
@@ -662,12 +662,11 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
                         if inside:
                             valid, a_, b_, c_, v_ = shared_elem(row, phys(u, T), sl, opts, v, nv, term,
                                                                 trunc, mask, g, lm, g_s, l_s, tb1, tb2)
-                        if valid and USE_V:
-                            A, Vn = apply(a_, b_, c_, True, v_, A, Vn)
-                            o1 = A
-                            o2 = A + v_
-                        elif valid:
-                            A, Vn = apply(a_, zero, tb1[0, sl], False, zero, A, Vn)
+                        if valid:
+                            if USE_V:
+                                A, Vn = apply(a_, b_, c_, True, v_, A, Vn)
+                            else:
+                                A, Vn = apply(a_, zero, tb1[0, sl], False, zero, A, Vn)
                             o1 = A
                             if two:
                                 o2 = A + v_
@@ -681,9 +680,9 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
                             if two:
                                 o2 = A + ev[j]
                     if yw > 1:
-                        tb1[0, spos(slot0 + yl * K + j)] = o1
+                        tb1[0, sl] = o1
                         if two:
-                            tb2[0, spos(slot0 + yl * K + j)] = o2
+                            tb2[0, sl] = o2
                     else:
                         t = phys(u, T)
                         out1[row, t] = o1
