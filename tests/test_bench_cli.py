@@ -263,6 +263,25 @@ def test_gpu_check_subcommand_forwards(capsys):
     assert "--no-bench" in out and "--check-budget" in out
 
 
+@pytest.mark.parametrize("regs,smem,threads,blocks", [
+    (111, 14112, 128, 4),  # the GAE look-back kernel on sm_90: registers decide
+    (78, 14112, 128, 6),  # the same with shared steps
+    (64, 14112, 128, 8),  # 64 registers: 8 blocks, as launch bounds (128, 8) ask
+    (64, 40000, 128, 5),  # shared memory decides (each block also reserves 1 KiB)
+    (16, 0, 128, 16),  # threads decide (2048 per SM)
+    (16, 0, 32, 32),  # blocks per SM are capped
+    (166, 0, 256, 1),  # prefetching's registers: one block of 256
+    (255, 0, 1024, 0),  # does not fit at all
+])
+def test_blocks_per_sm(regs, smem, threads, blocks):
+    from gaescan.bench.gpu_check import blocks_per_sm
+
+    assert blocks_per_sm(regs, smem, threads) == blocks
+    # The device's own limits replace the defaults (an sm_80: 164 KiB of shared memory per SM).
+    a100 = {"sharedMemPerMultiprocessor": 167936, "maxThreadsPerMultiProcessor": 2048}
+    assert blocks_per_sm(32, 40000, 128, a100) == 4
+
+
 def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
                           check=False)

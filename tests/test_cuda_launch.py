@@ -270,3 +270,48 @@ def test_raw_launch_hands_the_callers_arrays_to_the_launch(monkeypatch):
     assert a[0] is r and a[1] is v and a[3] is d and a[10] is adv and a[11] is ret
     assert a[2] == ("dummy", "<f4", 2) and seen["ptr"] == 4242 and seen["dev"] == 0
     assert seen["kernel"][0] == "typed" and seen["grid"] == R and seen["block"] == (1, 128)
+
+
+# --------------------------------------------------------------------------- launch plans
+
+
+def test_plan_names_the_variants_that_apply():
+    import numpy as np
+
+    from gaescan.kernels import cuda as kern
+
+    p = cb.plan(256, 131072, np.float32)
+    assert (p["mode"], p["time_threads"], p["k"], p["tiles_per_row"], p["blocks"]) == \
+        ("lookback", 128, 8, 128, 256 * 128)
+    assert p["options"] == "-" and p["opts"] == 0 and p["layout"] == "A"
+    with cb.override(fast_lookback=True, shared_steps=True, contiguous_typing=True):
+        p = cb.plan(256, 131072, np.float32)
+        assert p["options"] == "fast_lookback+shared_steps" and p["layout"] == "C"
+        assert p["opts"] == kern.OPT_FASTLB | kern.OPT_SHSTEPS
+        # The fence-free look-back is float32 only, and prefetching is for rows walking tiles.
+        assert cb.plan(256, 131072, np.float64)["options"] == "shared_steps"
+        assert cb.plan(8, 1024, np.float32)["mode"] == "rows"
+        assert cb.plan(8, 1024, np.float32)["options"] == "shared_steps"
+    with cb.override(prefetch=True, shared_steps=True, rows_min_blocks=1):
+        # Prefetch keeps the next tile in registers: it supersedes shared steps.
+        assert cb.plan(256, 131072, np.float32)["options"] == "prefetch"
+        assert cb.plan(256, 1024, np.float32)["options"] == "shared_steps"  # one tile: nothing to prefetch
+    assert cb.plan(7, 100, packed=True)["options"] == "packed"
+
+
+def test_every_swept_setting_gets_the_variants_it_names():
+    # gpu-check times each setting once on the GPU: a setting whose experimental
+    # tunables do not apply to its shape would time another kernel than its name says.
+    gc = pytest.importorskip("gaescan.bench.gpu_check")
+
+    n = 0
+    for label, B, T, settings in gc.sweep_shapes():
+        for st in settings:
+            with cb.override(**st):
+                got = set(cb.plan(B, T)["options"].split("+")) - {"-"}
+            want = {k for k in ("prefetch", "fast_lookback", "coalesced_loads", "shared_steps") if st.get(k)}
+            if "shared_steps" in want:
+                want.discard("coalesced_loads")  # staged anyway
+            assert got == want, f"{label} {st}: the kernel gets {got or 'no variant'}"
+            n += 1
+    assert n == sum(len(s[3]) for s in gc.sweep_shapes()) > 50

@@ -418,3 +418,58 @@ def test_raw_launch_parameter_buffer_matches_the_kernel(toolchain, out, mode):
     want = _ptx_param_layout(ptx)
     assert len(want) == 134
     assert _struct_layout(cb.param_format(sig)) == want
+
+
+def _sweep_specs():
+    # Each distinct kernel gpu-check's tunable sweep compiles (GAE float32 with dones,
+    # contiguous arrays), with the settings that ask for it.
+    from gaescan.backends import cuda as cb
+    from gaescan.bench.gpu_check import sweep_shapes
+
+    specs: dict[tuple, list[str]] = {}
+    for label, B, T, settings in sweep_shapes():
+        for st in settings:
+            with cb.override(**st):
+                p = cb.plan(B, T, np.float32)
+            spec = (p["mode"], p["k"], p["opts"], p["threads"], p["min_blocks_per_sm"], p["layout"])
+            specs.setdefault(spec, []).append(f"{label}: " + ",".join(f"{k}={v}" for k, v in st.items()))
+    return specs
+
+
+SWEEP_SPECS = _sweep_specs()
+
+
+@pytest.mark.parametrize("spec", list(SWEEP_SPECS), ids=lambda s: "-".join(map(str, s)))
+def test_every_swept_kernel_compiles_and_fits_its_launch(toolchain, spec):
+    # The GPU session's sweep must not spend its minutes on a kernel that fails to
+    # compile or to launch: every kernel it times is assembled here, for sm_90.
+    import inspect
+
+    from gaescan.backends import cuda as cb
+    from gaescan.bench.gpu_check import blocks_per_sm
+    from gaescan.kernels import cuda as kern
+
+    mode_name, K, opts, threads, min_blocks, layout = spec
+    bounds = cb.launch_bounds(threads, min_blocks)
+    kw = {}
+    if bounds is not None:
+        if "launch_bounds" not in inspect.signature(cuda.compile_ptx).parameters:
+            pytest.skip("this numba.cuda has no launch bounds (numba-cuda, the cuda12/cuda13 extra, has)")
+        kw["launch_bounds"] = bounds
+    cc = CCS[-1]
+    _FakeDevice.cc = cc
+    mode = kern.MODE_ROWS if mode_name == "rows" else kern.MODE_LOOKBACK
+    k = kern._build(kern.GAE_V, mode, False, np.dtype(np.float32), threads, K, opts & kern.CT_BITS)
+    sig = _sig(kern.GAE_V, np.float32, np.float32, np.bool_, layout=layout)
+    info = _ptxas_info(cuda.compile_ptx(k.py_func, sig, cc=cc, **kw)[0], cc)
+    regs = max(int(x) for x in re.findall(r"Used (\d+) registers", info))
+    smem = max((int(x) for x in re.findall(r"(\d+) bytes smem", info)), default=0)
+    spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", info))
+    blocks = blocks_per_sm(regs, smem, threads)
+    print(f"sm_90  sweep {spec}: regs {regs}, smem {smem} B, spill stores {spills} B, {blocks} blocks/SM"
+          f"  <- {SWEEP_SPECS[spec][0]}")
+    assert blocks >= max(min_blocks, 1), f"{spec}: {regs} registers, {smem} B shared: does not fit its launch"
+    if bounds is None:
+        # Only launch bounds (a setting's min_blocks_per_sm, or blocks of more than 256
+        # threads) may trade spills for blocks: the sweep then times that trade.
+        assert spills == 0, f"{spec} spills {spills} B ({SWEEP_SPECS[spec]})"

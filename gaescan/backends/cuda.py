@@ -224,7 +224,8 @@ class _Launch:
             mode = kern.MODE_LOOKBACK
         return RW, TW, K, mode, nchunks
 
-    def run(self, kind: int, fwd: bool, a: dict, g_s: float, l_s: float, lv_s: float, opts: int) -> None:
+    def variant(self, kind: int, opts: int) -> tuple[int, int, int, int, int, int, bool]:
+        """Geometry and option bits of this call's kernel: ``(RW, TW, K, mode, nchunks, opts, fast)``."""
         RW, TW, K, mode, nchunks = self.geometry()
         if get("debug_skip_incl"):
             opts |= kern.OPT_DEBUG_SKIP
@@ -239,6 +240,10 @@ class _Launch:
         elif (get("coalesced_loads") and not opts & kern.OPT_PREFETCH
                 and kern.stages_inputs(opts, kind, RW, TW)):
             opts |= kern.OPT_CLOAD
+        return RW, TW, K, mode, nchunks, opts, fast
+
+    def run(self, kind: int, fwd: bool, a: dict, g_s: float, l_s: float, lv_s: float, opts: int) -> None:
+        RW, TW, K, mode, nchunks, opts, fast = self.variant(kind, opts)
         nsh = int(get("threads"))
         kernel = kern.get_kernel(kind, mode, fwd, self.dtype, nsh, K, opts)
         ngroups = -(-self.R // RW)
@@ -448,6 +453,13 @@ def _c_contiguous(x: Any) -> bool:
     return bool(f()) if f is not None else bool(x.flags.c_contiguous)
 
 
+def launch_bounds(threads: int, min_blocks: int) -> tuple[int, int] | None:
+    """The launch bounds a kernel of ``threads`` per block is compiled with (see :func:`_typed`)."""
+    if min_blocks > 0 or threads > 256:
+        return threads, max(min_blocks, 1)
+    return None
+
+
 def _typed(kernel: Any, key: tuple, args: tuple, min_blocks: int = 0, contiguous: bool = False) -> Any:
     """A dispatcher compiled for ``args`` with every array typed as layout ``"A"``.
 
@@ -480,9 +492,8 @@ def _typed(kernel: Any, key: tuple, args: tuple, min_blocks: int = 0, contiguous
                     if isinstance(t, types.Array):
                         t = t.copy(layout=layout, readonly=False)
                     sig.append(t)
-                opts = {}
-                if min_blocks > 0 or key[4] > 256:
-                    opts = {"launch_bounds": (key[4], max(min_blocks, 1))}
+                bounds = launch_bounds(key[4], min_blocks)
+                opts = {} if bounds is None else {"launch_bounds": bounds}
                 try:
                     d = cuda.jit(types.void(*sig), **opts)(kernel.py_func)
                 except Exception as exc:  # pragma: no cover - depends on the numba-cuda version
@@ -522,17 +533,37 @@ def _device_view(x: Any) -> Any:
     return d
 
 
+#: The compile-time option bits by the name of the tunable (or input) that sets them.
+OPTION_NAMES = {kern.OPT_MASK: "mask", kern.OPT_PACKED: "packed", kern.OPT_PREFETCH: "prefetch",
+                kern.OPT_FASTLB: "fast_lookback", kern.OPT_CLOAD: "coalesced_loads",
+                kern.OPT_SHSTEPS: "shared_steps"}
+
+
 def plan(R: int, T: int, dtype: Any = np.float32, time_major: bool = False, packed: bool = False) -> dict:
-    """The launch geometry a problem of this shape gets with the current tunables (for reports)."""
+    """The launch a GAE problem of this shape (with dones) gets with the current tunables (for reports).
+
+    ``options`` names the kernel's compile-time variants that the tunables asked for
+    and that apply here (a tunable that does not apply to the shape is not listed);
+    ``opts`` holds their bits (:mod:`gaescan.kernels.cuda`'s ``OPT_*``), with the rest
+    of what the kernel is built from: ``kind``, ``threads``, ``min_blocks_per_sm`` and
+    ``layout`` (the array layout the kernel is typed with, for C-contiguous arrays).
+    """
     from types import SimpleNamespace
 
     L = _Launch.__new__(_Launch)
     L.R, L.T, L.dtype, L.time_major, L.packed = int(R), int(T), np.dtype(dtype), bool(time_major), bool(packed)
-    RW, TW, K, mode, nchunks = L.geometry()
+    base = kern.OPT_TERM | (kern.OPT_PACKED if packed else 0)
+    RW, TW, K, mode, nchunks, opts, _ = L.variant(kern.GAE_V, base)
     ngroups = -(-L.R // RW)
     name = "rows" if mode == kern.MODE_ROWS else "lookback"
-    return vars(SimpleNamespace(mode=name, rows_per_block=RW, time_threads=TW, k=K, tiles_per_row=nchunks,
-                                blocks=ngroups * (nchunks if mode == kern.MODE_LOOKBACK else 1)))
+    ct = opts & _CT
+    return vars(SimpleNamespace(
+        mode=name, rows_per_block=RW, time_threads=TW, k=K, tiles_per_row=nchunks,
+        blocks=ngroups * (nchunks if mode == kern.MODE_LOOKBACK else 1),
+        options="+".join(n for b, n in OPTION_NAMES.items() if ct & b) or "-",
+        kind=kern.GAE_V, opts=ct, threads=int(get("threads")),
+        min_blocks_per_sm=int(get("min_blocks_per_sm")),
+        layout="C" if get("contiguous_typing") else "A"))
 
 
 def _coeff(L: _Launch, c: Any, bit: int) -> tuple[Any, float, int]:

@@ -872,7 +872,8 @@ def benchmarks(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
 
         print("launch plans:")
         for label, B, T, axis in shapes:
-            print(f"  {label:<26s} {cb.plan(B, T, np.float32, time_major=axis == 0)}")
+            pl = cb.plan(B, T, np.float32, time_major=axis == 0)
+            print(f"  {label:<26s} {({k: v for k, v in pl.items() if k not in ('kind', 'opts')})}")
     except Exception as exc:  # noqa: BLE001
         print(f"(no launch plans: {exc})")
     try:
@@ -915,18 +916,20 @@ def access_probe(cp: Any, quick: bool) -> None:
             RESULTS.append(("FAIL", f"access-pattern probe {label}", "wrong output"))
 
 
-def sweep(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
-    """Time a few CUDA tunable settings (each compiles a kernel once) on two shapes."""
-    from gaescan.backends import cuda as cb
+def sweep_shapes(quick: bool = False) -> list[tuple[str, int, int, list[dict]]]:
+    """The sweep's shapes and, per shape, the CUDA tunable settings it times, most telling first.
 
+    Each item is ``(label, B, T, settings)``; a setting is a dict for
+    :func:`gaescan.backends.cuda.override`.  A sweep past its budget is cut short,
+    so the order matters.
+    """
     base = dict(threads=128, k=8)
     fast = dict(fast_lookback=True)
     rows = dict(rows_min_blocks=1)  # a block per row walking its tiles, no look-back
     pf = dict(rows, prefetch=True)
-    # Most telling first (a sweep past the budget is cut short).  Prefetching takes 166
-    # registers: min_blocks_per_sm=2 caps them at 128 (88 B of spills) so two blocks
-    # of 256 threads share an SM; more than 256 threads get that cap anyway.
-    # min_blocks_per_sm=6 at 128 threads caps at 85 registers (ptxas used 80).
+    # Prefetching takes 166 registers: min_blocks_per_sm=2 caps them at 128 (88 B of
+    # spills) so two blocks of 256 threads share an SM; more than 256 threads get that
+    # cap anyway.  min_blocks_per_sm=6 at 128 threads caps at 85 registers (ptxas used 80).
     ct = dict(contiguous_typing=True)  # layout-"C" kernels: 96 registers instead of 108 (look-back)
     cl = dict(coalesced_loads=True)  # loads coalesced through shared memory, as the stores are
     # Steps kept in shared memory: GAE look-back 111 -> 78 registers (fast, layout C: 72),
@@ -965,14 +968,58 @@ def sweep(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
              dict(threads=128, k=16, **sh),
              dict(base, prefetch=True), dict(base, **cl), dict(threads=256, k=8, prefetch=True),
              dict(threads=256, k=8, **cl), dict(threads=256, k=8, prefetch=True, min_blocks_per_sm=2)]
-    shapes = [("B=256 T=131072", 256, 131072, b256), ("B=4 T=2^22", 4, 2**22, b4),
-              ("B=1024 T=32768", 1024, 32768, b1024)]
     if quick:
-        shapes = [("B=64 T=16384", 64, 16384, b4[:2])]
+        return [("B=64 T=16384", 64, 16384, b4[:2])]
+    return [("B=256 T=131072", 256, 131072, b256), ("B=4 T=2^22", 4, 2**22, b4),
+            ("B=1024 T=32768", 1024, 32768, b1024)]
+
+
+def blocks_per_sm(regs: int, smem: int, threads: int, props: dict | None = None) -> int:
+    """Blocks of ``threads`` that can be resident on one SM at once, from the kernel's resources.
+
+    The CUDA occupancy rules: registers are allocated per warp in units of 256,
+    every block also takes the per-block reserved shared memory, and threads and
+    blocks per SM are capped.  ``props`` holds the device's limits (CuPy's
+    ``getDeviceProperties`` keys); missing ones default to an H100/H200's.
+    """
+    p = props or {}
+    warps = -(-threads // 32)
+    per_warp = -(-regs * 32 // 256) * 256
+    by_regs = int(p.get("regsPerMultiprocessor", 65536)) // per_warp // warps if per_warp else 1 << 30
+    reserved = int(p.get("reservedSharedMemPerBlock", 1024))
+    by_smem = int(p.get("sharedMemPerMultiprocessor", 233472)) // (smem + reserved)
+    by_threads = int(p.get("maxThreadsPerMultiProcessor", 2048)) // (warps * 32)
+    return max(0, min(by_regs, by_smem, by_threads, int(p.get("maxBlocksPerMultiProcessor", 32))))
+
+
+def _kernel_resources(dispatcher: Any) -> tuple[int, int, int] | None:
+    """A compiled kernel's registers per thread, shared bytes per block and local bytes per thread."""
+    try:
+        (ov,) = dispatcher.overloads.values()
+        return int(ov.regs_per_thread), int(ov.shared_mem_per_block), int(ov.local_mem_per_thread)
+    except Exception:  # noqa: BLE001 - a report, never a failure
+        return None
+
+
+def sweep(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
+    """Time a few CUDA tunable settings (each compiles a kernel once) on two shapes.
+
+    Each line names the kernel variant the setting actually got (a tunable that does
+    not apply to the shape is dropped by the backend) and its registers, shared and
+    local memory (spills) and the blocks per SM they allow.
+    """
+    from gaescan.backends import cuda as cb
+
+    try:
+        props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    except Exception:  # noqa: BLE001
+        props = {}
+    seen: dict[tuple, tuple[int, int, int] | None] = {}  # kernel spec -> resources
     rng = np.random.default_rng(3)
     print()
-    print("tunable sweep (GAE f32 with dones, CUDA events, median of 10; GB/s at 17 bytes/step):")
-    for label, B, T, settings in shapes:
+    print("tunable sweep (GAE f32 with dones, CUDA events, median of 10; GB/s at 17 bytes/step);")
+    print("[mode K options | registers, shared memory, local memory per thread (spills) -> blocks per SM]:")
+    for label, B, T, settings in sweep_shapes(quick):
         r, v, d, a0, r0 = _gae_arrays(cp, rng, (B, T), 0.001)
         ea, _ = ref_gae(r, v, 0.99, 0.95, out_dtype=np.float32, dones=d)
         parts = []
@@ -986,11 +1033,23 @@ def sweep(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
             try:
                 a0.fill(np.nan)
                 with cb.override(**st):
+                    pl = cb.plan(B, T, np.float32)
+                    spec = tuple(pl[k] for k in ("mode", "k", "opts", "threads", "min_blocks_per_sm",
+                                                 "layout"))
+                    known = set(cb._typed_cache)
                     t = _events_ms(cp, functools.partial(gaescan.gae, r, v, gamma=0.99, lam=0.95, dones=d,
                                                          out=(a0, r0), backend="cuda"))
+                if spec not in seen:
+                    new = [cb._typed_cache[key] for key in cb._typed_cache if key not in known]
+                    seen[spec] = _kernel_resources(new[0]) if len(new) == 1 else None
+                res = seen[spec]
+                kern_txt = f"{pl['mode']} K={pl['k']} {pl['options']}"
+                if res is not None:
+                    kern_txt += (f" | {res[0]} regs, {res[1]} B smem, {res[2]} B local -> "
+                                 f"{blocks_per_sm(res[0], res[1], pl['threads'], props)} blocks/SM")
                 # A fast wrong answer is not a result: every timed setting is checked.
                 err = compare(a0, ea, np.float32)
-                parts.append(f"{name}: {t:.3f} ms {17 * B * T / t / 1e6:.0f} GB/s  ({err})")
+                parts.append(f"{name}: {t:.3f} ms {17 * B * T / t / 1e6:.0f} GB/s  ({err})  [{kern_txt}]")
                 times.append((t, name))
                 if i == 0:
                     t_first = t
