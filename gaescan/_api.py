@@ -279,65 +279,68 @@ def gae(
         cu_seqlens=cu_seqlens, gamma=gamma, lam=lam,
     )
     ctx, name = _start(named, out, 2, backend)
-    xp = ctx.xp
-    c = {k: ctx.to_compute(x) for k, x in named.items()}
-    if dones is not None and (terminated is not None or truncated is not None):
-        raise ValueError("pass either dones or terminated/truncated, not both (dones means terminated)")
-    if next_values is not None and last_value is not None:
-        raise ValueError(
-            "next_values and last_value are exclusive: next_values already holds the bootstrap "
-            "value of every step, including the last"
-        )
-    if truncated is not None and next_values is None:
-        raise ValueError(
-            "truncated needs next_values: bootstrapping a cut-off episode needs the value of its "
-            "final observation, which only the caller knows"
-        )
-    r = v.data_array(xp, c["rewards"], "rewards")
-    val = v.data_array(xp, c["values"], "values")
-    if r is None or val is None:
-        raise TypeError("rewards and values are required arrays")
-    nv = v.data_array(xp, c["next_values"], "next_values")
-    term = v.data_array(xp, c["dones"] if dones is not None else c["terminated"],
-                        "dones" if dones is not None else "terminated")
-    trunc = v.data_array(xp, c["truncated"], "truncated")
-    mask_ = v.data_array(xp, c["mask"], "mask")
-    v.check_same_shape("rewards", r, values=val, next_values=nv, mask=mask_,
-                       **{"dones" if dones is not None else "terminated": term, "truncated": trunc})
-    dtype = v.result_dtype(r, val, nv, c["last_value"], c["last_advantage"], c["gamma"], c["lam"])
-    cu = None
-    if cu_seqlens is not None:
-        cu = v.packed_offsets(xp, c["cu_seqlens"], tuple(r.shape), axis)
-    layout = v.layout_of(tuple(r.shape), axis)
-    rows = v.make_rows(xp, dtype, layout, cu)
-    shape = layout.shape
-    gamma_ = v.coefficient(xp, c["gamma"], "gamma", shape, layout, dtype, unit_range=True)
-    lam_ = v.coefficient(xp, c["lam"], "lam", shape, layout, dtype, unit_range=True)
-    batch = layout.batch_shape if cu is None else (rows.nseg,)
-    last = v.boundary_value(xp, c["last_value"], "last_value", batch, rows.nseg, dtype)
-    last_adv = v.boundary_value(xp, c["last_advantage"], "last_advantage", batch, rows.nseg, dtype)
-    inputs = [(k, c[k]) for k in ("rewards", "values", "next_values", "dones", "terminated",
-                                  "truncated", "mask", "gamma", "lam", "last_value", "last_advantage",
-                                  "cu_seqlens")]
-    outs = v.outputs(xp, _computed_out(ctx, out, 2), 2, layout, dtype, inputs)
-    if layout.R and layout.T:
-        p = GAEProblem(
-            rows=rows,
-            rewards=layout.rows(xp, r),
-            values=layout.rows(xp, val),
-            next_values=None if nv is None else layout.rows(xp, nv),
-            terminated=None if term is None else layout.rows(xp, term),
-            truncated=None if trunc is None else layout.rows(xp, trunc),
-            mask=None if mask_ is None else layout.rows(xp, mask_),
-            gamma=gamma_, lam=lam_, last_value=last,
-            advantages=outs[0].rows, returns=outs[1].rows, last_advantage=last_adv,
-        )
-        with ctx.stream():
+    # Everything from here, conversions and allocations included, runs on the caller's
+    # stream (PyTorch's current one for tensors): work queued on another stream would
+    # not be ordered before the kernel (PyTorch's side streams are non-blocking).
+    with ctx.stream():
+        xp = ctx.xp
+        c = {k: ctx.to_compute(x) for k, x in named.items()}
+        if dones is not None and (terminated is not None or truncated is not None):
+            raise ValueError("pass either dones or terminated/truncated, not both (dones means terminated)")
+        if next_values is not None and last_value is not None:
+            raise ValueError(
+                "next_values and last_value are exclusive: next_values already holds the bootstrap "
+                "value of every step, including the last"
+            )
+        if truncated is not None and next_values is None:
+            raise ValueError(
+                "truncated needs next_values: bootstrapping a cut-off episode needs the value of its "
+                "final observation, which only the caller knows"
+            )
+        r = v.data_array(xp, c["rewards"], "rewards")
+        val = v.data_array(xp, c["values"], "values")
+        if r is None or val is None:
+            raise TypeError("rewards and values are required arrays")
+        nv = v.data_array(xp, c["next_values"], "next_values")
+        term = v.data_array(xp, c["dones"] if dones is not None else c["terminated"],
+                            "dones" if dones is not None else "terminated")
+        trunc = v.data_array(xp, c["truncated"], "truncated")
+        mask_ = v.data_array(xp, c["mask"], "mask")
+        v.check_same_shape("rewards", r, values=val, next_values=nv, mask=mask_,
+                           **{"dones" if dones is not None else "terminated": term, "truncated": trunc})
+        dtype = v.result_dtype(r, val, nv, c["last_value"], c["last_advantage"], c["gamma"], c["lam"])
+        cu = None
+        if cu_seqlens is not None:
+            cu = v.packed_offsets(xp, c["cu_seqlens"], tuple(r.shape), axis)
+        layout = v.layout_of(tuple(r.shape), axis)
+        rows = v.make_rows(xp, dtype, layout, cu)
+        shape = layout.shape
+        gamma_ = v.coefficient(xp, c["gamma"], "gamma", shape, layout, dtype, unit_range=True)
+        lam_ = v.coefficient(xp, c["lam"], "lam", shape, layout, dtype, unit_range=True)
+        batch = layout.batch_shape if cu is None else (rows.nseg,)
+        last = v.boundary_value(xp, c["last_value"], "last_value", batch, rows.nseg, dtype)
+        last_adv = v.boundary_value(xp, c["last_advantage"], "last_advantage", batch, rows.nseg, dtype)
+        inputs = [(k, c[k]) for k in ("rewards", "values", "next_values", "dones", "terminated",
+                                      "truncated", "mask", "gamma", "lam", "last_value", "last_advantage",
+                                      "cu_seqlens")]
+        outs = v.outputs(xp, _computed_out(ctx, out, 2), 2, layout, dtype, inputs)
+        if layout.R and layout.T:
+            p = GAEProblem(
+                rows=rows,
+                rewards=layout.rows(xp, r),
+                values=layout.rows(xp, val),
+                next_values=None if nv is None else layout.rows(xp, nv),
+                terminated=None if term is None else layout.rows(xp, term),
+                truncated=None if trunc is None else layout.rows(xp, trunc),
+                mask=None if mask_ is None else layout.rows(xp, mask_),
+                gamma=gamma_, lam=lam_, last_value=last,
+                advantages=outs[0].rows, returns=outs[1].rows, last_advantage=last_adv,
+            )
             _dispatch.load(name).gae(p)
             v.finish(xp, layout, outs)
-    if out is not None:
-        return GAEResult(*out)
-    return GAEResult(*(ctx.from_compute(o.array) for o in outs))
+        if out is not None:
+            return GAEResult(*out)
+        return GAEResult(*(ctx.from_compute(o.array) for o in outs))
 
 
 def discounted_returns(
@@ -402,37 +405,40 @@ def discounted_returns(
     named = dict(rewards=rewards, dones=dones, last_value=last_value, mask=mask,
                  cu_seqlens=cu_seqlens, gamma=gamma)
     ctx, name = _start(named, out, 1, backend)
-    xp = ctx.xp
-    c = {k: ctx.to_compute(x) for k, x in named.items()}
-    r = v.data_array(xp, c["rewards"], "rewards")
-    if r is None:
-        raise TypeError("rewards is a required array")
-    d = v.data_array(xp, c["dones"], "dones")
-    mask_ = v.data_array(xp, c["mask"], "mask")
-    v.check_same_shape("rewards", r, dones=d, mask=mask_)
-    dtype = v.result_dtype(r, c["last_value"], c["gamma"])
-    cu = None
-    if cu_seqlens is not None:
-        cu = v.packed_offsets(xp, c["cu_seqlens"], tuple(r.shape), axis)
-    layout = v.layout_of(tuple(r.shape), axis)
-    rows = v.make_rows(xp, dtype, layout, cu)
-    gamma_ = v.coefficient(xp, c["gamma"], "gamma", layout.shape, layout, dtype, unit_range=True)
-    batch = layout.batch_shape if cu is None else (rows.nseg,)
-    last = v.boundary_value(xp, c["last_value"], "last_value", batch, rows.nseg, dtype)
-    inputs = list(c.items())
-    outs = v.outputs(xp, _computed_out(ctx, out, 1), 1, layout, dtype, inputs)
-    if layout.R and layout.T:
-        p = ReturnsProblem(
-            rows=rows,
-            rewards=layout.rows(xp, r),
-            dones=None if d is None else layout.rows(xp, d),
-            mask=None if mask_ is None else layout.rows(xp, mask_),
-            gamma=gamma_, last_value=last, returns=outs[0].rows,
-        )
-        with ctx.stream():
+    # Everything from here, conversions and allocations included, runs on the caller's
+    # stream (PyTorch's current one for tensors): work queued on another stream would
+    # not be ordered before the kernel (PyTorch's side streams are non-blocking).
+    with ctx.stream():
+        xp = ctx.xp
+        c = {k: ctx.to_compute(x) for k, x in named.items()}
+        r = v.data_array(xp, c["rewards"], "rewards")
+        if r is None:
+            raise TypeError("rewards is a required array")
+        d = v.data_array(xp, c["dones"], "dones")
+        mask_ = v.data_array(xp, c["mask"], "mask")
+        v.check_same_shape("rewards", r, dones=d, mask=mask_)
+        dtype = v.result_dtype(r, c["last_value"], c["gamma"])
+        cu = None
+        if cu_seqlens is not None:
+            cu = v.packed_offsets(xp, c["cu_seqlens"], tuple(r.shape), axis)
+        layout = v.layout_of(tuple(r.shape), axis)
+        rows = v.make_rows(xp, dtype, layout, cu)
+        gamma_ = v.coefficient(xp, c["gamma"], "gamma", layout.shape, layout, dtype, unit_range=True)
+        batch = layout.batch_shape if cu is None else (rows.nseg,)
+        last = v.boundary_value(xp, c["last_value"], "last_value", batch, rows.nseg, dtype)
+        inputs = list(c.items())
+        outs = v.outputs(xp, _computed_out(ctx, out, 1), 1, layout, dtype, inputs)
+        if layout.R and layout.T:
+            p = ReturnsProblem(
+                rows=rows,
+                rewards=layout.rows(xp, r),
+                dones=None if d is None else layout.rows(xp, d),
+                mask=None if mask_ is None else layout.rows(xp, mask_),
+                gamma=gamma_, last_value=last, returns=outs[0].rows,
+            )
             _dispatch.load(name).discounted_returns(p)
             v.finish(xp, layout, outs)
-    return out if out is not None else ctx.from_compute(outs[0].array)
+        return out if out is not None else ctx.from_compute(outs[0].array)
 
 
 def linear_scan(
@@ -491,21 +497,24 @@ def linear_scan(
         return _dask.linear_scan(a, b, reverse=reverse, initial=initial, axis=axis, out=out, backend=backend)
     named = dict(a=a, b=b, initial=initial)
     ctx, name = _start(named, out, 1, backend)
-    xp = ctx.xp
-    c = {k: ctx.to_compute(x) for k, x in named.items()}
-    b_ = v.data_array(xp, c["b"], "b")
-    if b_ is None:
-        raise TypeError("b is a required array")
-    dtype = v.result_dtype(c["a"], b_, c["initial"])
-    layout = v.layout_of(tuple(b_.shape), axis)
-    rows = v.make_rows(xp, dtype, layout, None)
-    a_ = v.coefficient(xp, c["a"], "a", layout.shape, layout, dtype, unit_range=False)
-    init = v.boundary_value(xp, c["initial"], "initial", layout.batch_shape, rows.nseg, dtype)
-    outs = v.outputs(xp, _computed_out(ctx, out, 1), 1, layout, dtype, list(c.items()))
-    if layout.R and layout.T:
-        p = ScanProblem(rows=rows, a=a_, b=layout.rows(xp, b_), reverse=bool(reverse),
-                        initial=init, out=outs[0].rows)
-        with ctx.stream():
+    # Everything from here, conversions and allocations included, runs on the caller's
+    # stream (PyTorch's current one for tensors): work queued on another stream would
+    # not be ordered before the kernel (PyTorch's side streams are non-blocking).
+    with ctx.stream():
+        xp = ctx.xp
+        c = {k: ctx.to_compute(x) for k, x in named.items()}
+        b_ = v.data_array(xp, c["b"], "b")
+        if b_ is None:
+            raise TypeError("b is a required array")
+        dtype = v.result_dtype(c["a"], b_, c["initial"])
+        layout = v.layout_of(tuple(b_.shape), axis)
+        rows = v.make_rows(xp, dtype, layout, None)
+        a_ = v.coefficient(xp, c["a"], "a", layout.shape, layout, dtype, unit_range=False)
+        init = v.boundary_value(xp, c["initial"], "initial", layout.batch_shape, rows.nseg, dtype)
+        outs = v.outputs(xp, _computed_out(ctx, out, 1), 1, layout, dtype, list(c.items()))
+        if layout.R and layout.T:
+            p = ScanProblem(rows=rows, a=a_, b=layout.rows(xp, b_), reverse=bool(reverse),
+                            initial=init, out=outs[0].rows)
             _dispatch.load(name).linear_scan(p)
             v.finish(xp, layout, outs)
-    return out if out is not None else ctx.from_compute(outs[0].array)
+        return out if out is not None else ctx.from_compute(outs[0].array)

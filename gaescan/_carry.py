@@ -26,7 +26,8 @@ documentation and the block-level carry pass of the Dask backend.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -57,9 +58,12 @@ class ScanSummary(NamedTuple):
 # ------------------------------------------------------------------ helpers
 
 
-def _prepare(named: dict[str, Any]) -> tuple[Context, Any, dict[str, Any]]:
+@contextlib.contextmanager
+def _prepared(named: dict[str, Any]) -> Iterator[tuple[Context, Any, dict[str, Any]]]:
+    """The call's context, namespace and compute views, on the caller's stream throughout."""
     ctx = resolve(named)
-    return ctx, ctx.xp, {k: ctx.to_compute(x) for k, x in named.items()}
+    with ctx.stream():
+        yield ctx, ctx.xp, {k: ctx.to_compute(x) for k, x in named.items()}
 
 
 def _is_array(x: Any) -> bool:
@@ -195,17 +199,17 @@ def gae_summary(
     named = dict(rewards=rewards, values=values, next_values=next_values, last_value=last_value,
                  dones=dones, terminated=terminated, truncated=truncated, mask=mask,
                  gamma=gamma, lam=lam)
-    ctx, xp, c = _prepare(named)
-    res = _api.gae(c["rewards"], c["values"], gamma=c["gamma"], lam=c["lam"],
-                   next_values=c["next_values"], last_value=c["last_value"], dones=c["dones"],
-                   terminated=c["terminated"], truncated=c["truncated"], mask=c["mask"],
-                   axis=axis, backend=backend)
-    adv = res.advantages
-    layout = v.layout_of(tuple(adv.shape), axis)
-    decay = _decay_product(xp, layout, adv.dtype, [c["gamma"], c["lam"]],
-                           [c["dones"], c["terminated"], c["truncated"]], c["mask"])
-    head = _head(xp, layout, adv, c["mask"])
-    return ScanSummary(ctx.from_compute(decay), ctx.from_compute(head))
+    with _prepared(named) as (ctx, xp, c):
+        res = _api.gae(c["rewards"], c["values"], gamma=c["gamma"], lam=c["lam"],
+                       next_values=c["next_values"], last_value=c["last_value"], dones=c["dones"],
+                       terminated=c["terminated"], truncated=c["truncated"], mask=c["mask"],
+                       axis=axis, backend=backend)
+        adv = res.advantages
+        layout = v.layout_of(tuple(adv.shape), axis)
+        decay = _decay_product(xp, layout, adv.dtype, [c["gamma"], c["lam"]],
+                               [c["dones"], c["terminated"], c["truncated"]], c["mask"])
+        head = _head(xp, layout, adv, c["mask"])
+        return ScanSummary(ctx.from_compute(decay), ctx.from_compute(head))
 
 
 def returns_summary(
@@ -241,13 +245,13 @@ def returns_summary(
     Cost: one ``discounted_returns`` call on the slice plus one reduction.
     """
     named = dict(rewards=rewards, dones=dones, mask=mask, gamma=gamma)
-    ctx, xp, c = _prepare(named)
-    g = _api.discounted_returns(c["rewards"], gamma=c["gamma"], dones=c["dones"], mask=c["mask"],
-                                axis=axis, backend=backend)
-    layout = v.layout_of(tuple(g.shape), axis)
-    decay = _decay_product(xp, layout, g.dtype, [c["gamma"]], [c["dones"]], c["mask"])
-    head = _head(xp, layout, g, c["mask"])
-    return ScanSummary(ctx.from_compute(decay), ctx.from_compute(head))
+    with _prepared(named) as (ctx, xp, c):
+        g = _api.discounted_returns(c["rewards"], gamma=c["gamma"], dones=c["dones"], mask=c["mask"],
+                                    axis=axis, backend=backend)
+        layout = v.layout_of(tuple(g.shape), axis)
+        decay = _decay_product(xp, layout, g.dtype, [c["gamma"]], [c["dones"]], c["mask"])
+        head = _head(xp, layout, g, c["mask"])
+        return ScanSummary(ctx.from_compute(decay), ctx.from_compute(head))
 
 
 def scan_summary(
@@ -285,12 +289,12 @@ def scan_summary(
     """
     if not isinstance(reverse, bool):
         raise TypeError(f"reverse must be a bool, got {reverse!r}")
-    ctx, xp, c = _prepare(dict(a=a, b=b))
-    y = _api.linear_scan(c["a"], c["b"], reverse=reverse, axis=axis, backend=backend)
-    layout = v.layout_of(tuple(y.shape), axis)
-    decay = _decay_product(xp, layout, y.dtype, [c["a"]], [], None)
-    head = _head(xp, layout, y, None, last=not reverse)
-    return ScanSummary(ctx.from_compute(decay), ctx.from_compute(head))
+    with _prepared(dict(a=a, b=b)) as (ctx, xp, c):
+        y = _api.linear_scan(c["a"], c["b"], reverse=reverse, axis=axis, backend=backend)
+        layout = v.layout_of(tuple(y.shape), axis)
+        decay = _decay_product(xp, layout, y.dtype, [c["a"]], [], None)
+        head = _head(xp, layout, y, None, last=not reverse)
+        return ScanSummary(ctx.from_compute(decay), ctx.from_compute(head))
 
 
 def bootstrap_summary(values: Any, *, mask: Any = None, axis: int = -1) -> ScanSummary:
@@ -323,31 +327,31 @@ def bootstrap_summary(values: Any, *, mask: Any = None, axis: int = -1) -> ScanS
         ``(decay, head)`` of the batch shape, float64 if ``values`` is float64,
         else float32.
     """
-    ctx, xp, c = _prepare(dict(values=values, mask=mask))
-    val = v.data_array(xp, c["values"], "values")
-    if val is None:
-        raise TypeError("values is a required array")
-    m = v.data_array(xp, c["mask"], "mask")
-    v.check_same_shape("values", val, mask=m)
-    dtype = v.result_dtype(val)
-    layout = v.layout_of(tuple(val.shape), axis)
-    if layout.R == 0 or layout.T == 0:
-        head = xp.zeros(layout.batch_shape, dtype=dtype)
-        decay = xp.ones(layout.batch_shape, dtype=dtype)
-    else:
-        rows = layout.rows(xp, val)
-        if m is None:
-            head = rows[:, 0].astype(dtype)
-            decay = xp.zeros(layout.R, dtype=dtype)
+    with _prepared(dict(values=values, mask=mask)) as (ctx, xp, c):
+        val = v.data_array(xp, c["values"], "values")
+        if val is None:
+            raise TypeError("values is a required array")
+        m = v.data_array(xp, c["mask"], "mask")
+        v.check_same_shape("values", val, mask=m)
+        dtype = v.result_dtype(val)
+        layout = v.layout_of(tuple(val.shape), axis)
+        if layout.R == 0 or layout.T == 0:
+            head = xp.zeros(layout.batch_shape, dtype=dtype)
+            decay = xp.ones(layout.batch_shape, dtype=dtype)
         else:
-            valid = layout.rows(xp, m) != 0
-            anyv = xp.any(valid, axis=1)
-            h = xp.take_along_axis(rows, xp.argmax(valid, axis=1)[:, None], axis=1)[:, 0].astype(dtype)
-            head = xp.where(anyv, h, dtype.type(0))
-            decay = xp.where(anyv, dtype.type(0), dtype.type(1))
-        head = xp.ascontiguousarray(head).reshape(layout.batch_shape)
-        decay = decay.reshape(layout.batch_shape)
-    return ScanSummary(ctx.from_compute(decay), ctx.from_compute(head))
+            rows = layout.rows(xp, val)
+            if m is None:
+                head = rows[:, 0].astype(dtype)
+                decay = xp.zeros(layout.R, dtype=dtype)
+            else:
+                valid = layout.rows(xp, m) != 0
+                anyv = xp.any(valid, axis=1)
+                h = xp.take_along_axis(rows, xp.argmax(valid, axis=1)[:, None], axis=1)[:, 0].astype(dtype)
+                head = xp.where(anyv, h, dtype.type(0))
+                decay = xp.where(anyv, dtype.type(0), dtype.type(1))
+            head = xp.ascontiguousarray(head).reshape(layout.batch_shape)
+            decay = decay.reshape(layout.batch_shape)
+        return ScanSummary(ctx.from_compute(decay), ctx.from_compute(head))
 
 
 # ---------------------------------------------------------------- the carry pass
@@ -425,47 +429,52 @@ def carry_in(summaries: Any, boundary: Any = None, *, reverse: bool = True) -> A
         named = {f"summaries[{i}].{f}": x for i, s in enumerate(summaries)
                  for f, x in zip(("decay", "head"), s, strict=True)}
         named["boundary"] = boundary
-        ctx, xp, c = _prepare(named)
-        k = len(summaries)
-        decay = xp.stack([xp.asarray(c[f"summaries[{i}].decay"]) for i in range(k)])
-        head = xp.stack([xp.asarray(c[f"summaries[{i}].head"]) for i in range(k)])
     elif isinstance(summaries, tuple) and len(summaries) == 2:
-        ctx, xp, c = _prepare(dict(decay=summaries[0], head=summaries[1], boundary=boundary))
-        decay, head = c["decay"], c["head"]
+        named = dict(decay=summaries[0], head=summaries[1], boundary=boundary)
     else:
         raise TypeError(
             "summaries must be a ScanSummary of stacked (k, *batch) arrays or a non-empty sequence of "
             f"ScanSummary, got {type(summaries).__name__}"
         )
-    if library_of(decay) == SCALAR or decay.ndim < 1:
-        raise ValueError("stacked summaries need a leading slice axis: decay and head of shape (k, *batch)")
-    if tuple(decay.shape) != tuple(head.shape):
-        raise ValueError(
-            f"decay has shape {tuple(decay.shape)} but head has shape {tuple(head.shape)}; they must match"
-        )
-    for name, x in (("decay", decay), ("head", head)):
-        v._check_numeric(x, name)
-    k, batch = decay.shape[0], tuple(decay.shape[1:])
-    if k == 0:
-        raise ValueError("carry_in needs the summary of at least one slice (k = 0)")
-    bnd = c["boundary"]
-    if bnd is None:
-        bnd = 0.0
-    elif v._is_scalar(bnd):
-        bnd = v.boundary_value(xp, bnd, "boundary", batch, 1, np.dtype(np.float64))
-    else:
-        v._check_numeric(bnd, "boundary")
-        if tuple(bnd.shape) != batch:
+    with _prepared(named) as (ctx, xp, c):
+        if is_seq:
+            k = len(summaries)
+            decay = xp.stack([xp.asarray(c[f"summaries[{i}].decay"]) for i in range(k)])
+            head = xp.stack([xp.asarray(c[f"summaries[{i}].head"]) for i in range(k)])
+        else:
+            decay, head = c["decay"], c["head"]
+        if library_of(decay) == SCALAR or decay.ndim < 1:
+            raise ValueError("stacked summaries need a leading slice axis: decay and head of shape "
+                             "(k, *batch)")
+        if tuple(decay.shape) != tuple(head.shape):
             raise ValueError(
-                f"boundary has shape {tuple(bnd.shape)}; it must be a scalar or have the batch shape {batch}"
+                f"decay has shape {tuple(decay.shape)} but head has shape {tuple(head.shape)}; "
+                "they must match"
             )
-    dtype = xp.result_type(decay, head, *([bnd] if _is_array(bnd) else []))
-    if dtype.kind != "f":
-        dtype = np.dtype(np.float32)
-    out = xp.empty((k, *batch), dtype=dtype)
-    carry = xp.asarray(bnd, dtype=dtype)
-    order = range(k - 1, -1, -1) if reverse else range(k)
-    for i in order:
-        out[i] = carry
-        carry = _combine(xp, decay[i], head[i], carry).astype(dtype, copy=False)
-    return ctx.from_compute(out)
+        for name, x in (("decay", decay), ("head", head)):
+            v._check_numeric(x, name)
+        k, batch = decay.shape[0], tuple(decay.shape[1:])
+        if k == 0:
+            raise ValueError("carry_in needs the summary of at least one slice (k = 0)")
+        bnd = c["boundary"]
+        if bnd is None:
+            bnd = 0.0
+        elif v._is_scalar(bnd):
+            bnd = v.boundary_value(xp, bnd, "boundary", batch, 1, np.dtype(np.float64))
+        else:
+            v._check_numeric(bnd, "boundary")
+            if tuple(bnd.shape) != batch:
+                raise ValueError(
+                    f"boundary has shape {tuple(bnd.shape)}; it must be a scalar or have the batch "
+                    f"shape {batch}"
+                )
+        dtype = xp.result_type(decay, head, *([bnd] if _is_array(bnd) else []))
+        if dtype.kind != "f":
+            dtype = np.dtype(np.float32)
+        out = xp.empty((k, *batch), dtype=dtype)
+        carry = xp.asarray(bnd, dtype=dtype)
+        order = range(k - 1, -1, -1) if reverse else range(k)
+        for i in order:
+            out[i] = carry
+            carry = _combine(xp, decay[i], head[i], carry).astype(dtype, copy=False)
+        return ctx.from_compute(out)

@@ -472,6 +472,33 @@ def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool) -> None:
             return compare(adv, ea, np.float32)
         check("torch non-default stream B=8 T=2^20", torch_stream)
 
+        def torch_stream_prep():
+            # int32 offsets are copied to int64 and the outputs allocated before the launch:
+            # all on the caller's stream, or the kernel (on torch's non-blocking side stream)
+            # could read the offsets before the copy has run.  CuPy's default stream is kept
+            # busy meanwhile, so work queued there would land late.
+            lens = rng.geometric(1 / 3000, size=400)
+            cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
+            N = int(lens.sum())
+            r = torch.randn(N, device="cuda")
+            v = torch.randn(N, device="cuda")
+            d = torch.rand(N, device="cuda") < 0.001
+            big = cp.ones(2**28, dtype=cp.float32)  # 1 GiB
+            torch.cuda.synchronize()
+            s = torch.cuda.Stream()
+            with cp.cuda.Stream.null:
+                for _ in range(60):  # ~60 x 0.5 ms queued on CuPy's default stream
+                    big *= 1.0000001
+            with torch.cuda.stream(s):
+                adv, ret = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, cu_seqlens=cu, backend="cuda")
+                adv, ret = adv.clone(), ret.clone()  # on s: what the kernel wrote, before anything else
+            s.synchronize()
+            torch.cuda.synchronize()
+            del big
+            ea, er = ref_gae(r, v, 0.99, 0.95, out_dtype=np.float32, dones=d, cu_seqlens=cu)
+            return compare(adv, ea, np.float32) + " / " + compare(ret, er, np.float32)
+        check("torch side stream, int32 cu_seqlens, CuPy's default stream busy", torch_stream_prep)
+
         def torch_time_major():
             r = torch.randn(3000, 256, device="cuda", dtype=torch.float64)
             v = torch.randn(3000, 256, device="cuda", dtype=torch.float64)
