@@ -315,3 +315,27 @@ def test_every_swept_setting_gets_the_variants_it_names():
             assert got == want, f"{label} {st}: the kernel gets {got or 'no variant'}"
             n += 1
     assert n == sum(len(s[3]) for s in gc.sweep_shapes()) > 50
+
+
+@pytest.mark.parametrize("settings,match", [
+    (dict(threads=48), "threads=48 is not a block size"),
+    (dict(threads=100), "threads=100 is not a block size"),
+    (dict(threads=2048), "threads=2048 is not a block size"),
+    (dict(threads=0), "threads=0 must be a positive integer"),
+    (dict(k=2.5), "k=2.5 must be a positive integer"),
+    (dict(k=True), "k=True must be a positive integer"),
+    (dict(k_time_major=0), "k_time_major=0 must be"),
+    (dict(rows_time_major=12), "rows_time_major=12 must be a power of two"),
+])
+def test_tunables_the_kernels_cannot_take_are_refused(settings, match):
+    # On a GPU nothing bounds-checks shared memory: a block with a partial warp after
+    # full ones (threads=48) would leave steps unwritten and write past its tile.
+    with cb.override(**settings), pytest.raises(ValueError, match=match):
+        cb.plan(300, 100_000, time_major="time_major" in next(iter(settings)))
+
+
+@pytest.mark.parametrize("threads", [1, 4, 16, 32, 96, 128, 1024])
+def test_block_sizes_the_kernels_take(threads):
+    with cb.override(threads=threads):
+        p = cb.plan(3, 100_000)
+    assert p["time_threads"] * p["rows_per_block"] <= threads

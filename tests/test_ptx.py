@@ -473,3 +473,18 @@ def test_every_swept_kernel_compiles_and_fits_its_launch(toolchain, spec):
         # Only launch bounds (a setting's min_blocks_per_sm, or blocks of more than 256
         # threads) may trade spills for blocks: the sweep then times that trade.
         assert spills == 0, f"{spec} spills {spills} B ({SWEEP_SPECS[spec]})"
+
+
+def test_too_much_shared_memory_is_reported_in_the_words_the_backend_looks_for(toolchain):
+    # The backend turns a launch that fails for its static shared memory into a
+    # ValueError naming the tunables; it recognises ptxas's message.
+    from gaescan.backends import cuda as cb
+    from gaescan.kernels import cuda as kern
+
+    cc = CCS[-1]
+    _FakeDevice.cc = cc
+    k = kern._build(kern.GAE_V, kern.MODE_LOOKBACK, False, np.dtype(np.float32), 512, 8, 0)
+    ptx, _ = cuda.compile_ptx(k.py_func, _sig(kern.GAE_V, np.float32, np.float32, np.bool_), cc=cc)
+    with pytest.raises(AssertionError, match="ptxas failed") as e:
+        _ptxas_info(ptx, cc)
+    assert cb._SMEM_LIMIT in str(e.value)

@@ -86,3 +86,64 @@ def test_calls_do_all_their_work_in_the_callers_stream(steps, bk):
             "finish", "backend.gae", "backend.discounted_returns", "backend.linear_scan"} <= names
     outside = sorted({n for n, inside in steps if not inside})
     assert not outside, f"run outside the caller's stream: {outside}"
+
+
+# --------------------------------------------------------------------------- CUDA graph capture
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    """Just the parts of CuPy that ``Context.stream`` uses; ``state`` drives them."""
+    from types import SimpleNamespace
+
+    state = {"capturing": 0, "allocator": lambda size: ("mem", size), "queried": []}
+
+    @contextlib.contextmanager
+    def using_allocator(fn):
+        old, state["allocator"] = state["allocator"], fn
+        try:
+            yield
+        finally:
+            state["allocator"] = old
+
+    def is_capturing(ptr):
+        state["queried"].append(ptr)
+        return state["capturing"]
+
+    cuda = SimpleNamespace(
+        get_current_stream=lambda: SimpleNamespace(ptr=77),
+        runtime=SimpleNamespace(streamIsCapturing=is_capturing),
+        get_allocator=lambda: state["allocator"],
+        using_allocator=using_allocator,
+    )
+    monkeypatch.setitem(__import__("sys").modules, "cupy", SimpleNamespace(cuda=cuda))
+    n = len(_arrays.CAPTURED)
+    yield state
+    del _arrays.CAPTURED[n:]
+
+
+@pytest.mark.parametrize("capturing", [0, 1])
+def test_a_captured_call_keeps_the_memory_it_allocates(fake_cupy, capturing):
+    # A CUDA graph keeps the addresses it was captured with: memory a captured call
+    # allocated must never go back to the pool, where another array would get it.
+    fake_cupy["capturing"] = capturing
+    n = len(_arrays.CAPTURED)
+    base = fake_cupy["allocator"]
+    with _arrays.Context("cupy", True).stream():
+        mem = fake_cupy["allocator"](256)
+    assert mem == ("mem", 256)
+    assert fake_cupy["queried"] == [77]  # the stream the call runs on
+    assert _arrays.CAPTURED[n:] == ([mem] if capturing else [])
+    assert fake_cupy["allocator"] is base  # restored after the call
+
+
+def test_a_stream_that_cannot_be_queried_is_not_capturing(fake_cupy):
+    # The legacy stream cannot be queried while another stream captures (CUDA's
+    # error): such a call is not being captured.
+    def refuse(ptr):
+        raise RuntimeError("cudaErrorStreamCaptureImplicit")
+
+    import sys
+
+    sys.modules["cupy"].cuda.runtime.streamIsCapturing = refuse
+    assert _arrays.stream_capturing(0) is False

@@ -43,6 +43,7 @@ try:
 except ImportError:  # pragma: no cover - an old Numba
     from numba import types
 
+from .._arrays import CAPTURED, stream_capturing
 from .._config import Tunables
 from .._problem import GAEProblem, ReturnsProblem, ScanProblem
 from ..kernels import cuda as kern
@@ -53,7 +54,8 @@ if not hasattr(types, "Array"):
     from numba import types
 
 TUNABLES: dict[str, Any] = {
-    # Threads per block (also the shared-memory scan width; a compile-time constant).
+    # Threads per block (also the shared-memory scan width; a compile-time constant):
+    # a multiple of 32 up to 1024, or 1, 2, 4, 8 or 16.
     "threads": 128,
     # Steps per thread per tile for row-major rows (float32 / float64 outputs);
     # staged in registers, a compile-time constant of the kernel.
@@ -61,7 +63,7 @@ TUNABLES: dict[str, Any] = {
     "k_f64": 4,
     # Steps per thread per tile for time-major rows.
     "k_time_major": 8,
-    # Rows per block for time-major rows.
+    # Rows per block for time-major rows (a power of two).
     "rows_time_major": 32,
     # Ask ptxas for registers that let this many blocks share an SM (CUDA launch
     # bounds; 0 = no bound, ptxas decides).  A bound may spill registers to local memory.
@@ -131,6 +133,10 @@ def current_stream_ptr() -> int:
     return int(cupy.cuda.get_current_stream().ptr)
 
 
+# ptxas's words for a block whose static shared memory is over the limit.
+_SMEM_LIMIT = "too much shared data"
+
+
 # --------------------------------------------------------------------------- plumbing
 
 _streams: dict[int, Any] = {}
@@ -163,6 +169,14 @@ def _dummy(dev: int, dtype: Any, ndim: int) -> Any:
     return d
 
 
+def _tunable_int(name: str) -> int:
+    """A tunable that must be a positive integer, checked (it may have been set to anything)."""
+    val = get(name)
+    if isinstance(val, (bool, np.bool_)) or not isinstance(val, (int, np.integer)) or val < 1:
+        raise ValueError(f"CUDA tunable {name}={val!r} must be a positive integer")
+    return int(val)
+
+
 def _pow2ceil(n: int) -> int:
     p = 1
     while p < n:
@@ -180,6 +194,8 @@ class _Launch:
         # Looked up once per call: the device of the placeholder arrays.
         self.dev = -1 if self.sim else cuda.get_current_device().id
         self.xp = rows.xp
+        # Arrays the kernel reads that this call allocated (kept if a graph captures it).
+        self.temps: list[Any] = []
         self.dtype = np.dtype(rows.dtype)
         self.cast = self.dtype.type
         self.R, self.T, self.nseg = int(rows.R), int(rows.T), int(rows.nseg)
@@ -202,17 +218,26 @@ class _Launch:
         return _device_view(x)
 
     def geometry(self) -> tuple[int, int, int, int, int]:
-        threads = int(get("threads"))
+        threads = _tunable_int("threads")
+        if threads > 1024 or (threads % 32 and threads & (threads - 1)):
+            # The kernels map a row's time-threads onto whole warps (or one partial
+            # warp): a partial warp after full ones would leave steps unwritten.
+            raise ValueError(f"CUDA tunable threads={threads} is not a block size the kernels support: "
+                             "use a multiple of 32 up to 1024 (or 1, 2, 4, 8 or 16)")
         R, T = self.R, self.T
         if self.time_major and not self.packed:
-            K = int(get("k_time_major"))
+            K = _tunable_int("k_time_major")
             if self.dtype == np.float64:
-                K = min(K, int(get("k_f64")))
-            RW = min(int(get("rows_time_major")), _pow2ceil(R), threads)
+                K = min(K, _tunable_int("k_f64"))
+            rows_tm = _tunable_int("rows_time_major")
+            if rows_tm & (rows_tm - 1):
+                raise ValueError(f"CUDA tunable rows_time_major={rows_tm} must be a power of two "
+                                 "(rows share warps evenly)")
+            RW = min(rows_tm, _pow2ceil(R), threads)
             TW = max(1, threads // RW)
             TW = min(TW, _pow2ceil(-(-T // K)))
         else:
-            K = int(get("k_f64" if self.dtype == np.float64 else "k"))
+            K = _tunable_int("k_f64" if self.dtype == np.float64 else "k")
             TW = min(threads, _pow2ceil(-(-T // K)))
             RW = 1 if self.packed else min(max(1, threads // TW), _pow2ceil(R))
         tile = TW * K
@@ -257,7 +282,9 @@ class _Launch:
             grid = ngroups * nchunks
             # Stream-ordered: the zero fill is queued on the current stream before the kernel.
             # The buffers stay referenced (``keep``) until the launch is queued; after
-            # that, CuPy's pool only hands them out again in this stream's order.
+            # that, CuPy's pool only hands them out again in this stream's order (a
+            # graph capture keeps them for good: see gaescan._arrays.CAPTURED).  Under capture the fill
+            # is captured too, so each replay starts from zeroed tickets and flags.
             if fast:
                 # The ticket counter, then 3 words per (tile, row): see kernels.cuda.fast_lookback.
                 keep = (xp.zeros(1 + 3 * nchunks * self.R, dtype=np.uint64),)
@@ -279,14 +306,24 @@ class _Launch:
             kernel = _typed(kernel, key, args, int(get("min_blocks_per_sm")), bool(get("contiguous_typing")))
         if self.sim:
             kernel[grid, (RW, TW)](*args)
-        elif self.raw:
-            _launch_raw(kernel, self.dev, args, grid, (RW, TW), current_stream_ptr())
-        else:
-            if get("direct_launch"):
-                _launch_direct(kernel, args, grid, (RW, TW), current_stream_ptr())
+            return
+        ptr = current_stream_ptr()
+        try:
+            if self.raw:
+                _launch_raw(kernel, self.dev, args, grid, (RW, TW), ptr)
+            elif get("direct_launch"):
+                _launch_direct(kernel, args, grid, (RW, TW), ptr)
             else:
-                kernel[grid, (RW, TW), _stream(current_stream_ptr())](*args)
-        del keep
+                kernel[grid, (RW, TW), _stream(ptr)](*args)
+        except Exception as exc:
+            if _SMEM_LIMIT in str(exc):
+                raise ValueError(
+                    f"the kernel for CUDA tunables threads={nsh}, k={K} needs more static shared memory "
+                    "than a block may have (48 KiB): lower threads or k") from exc
+            raise
+        if (keep or self.temps) and stream_capturing(ptr):
+            # A graph may replay this launch at any time: its scratch is never freed.
+            CAPTURED.append((keep, tuple(self.temps)))
 
 
 _direct_kernels: dict[Any, Any] = {}
@@ -607,6 +644,7 @@ def gae(p: GAEProblem) -> None:
         both[: L.nseg] = p.last_value
         both[L.nseg:] = p.last_advantage
         lv, lv_s, o3 = L.arr(both, None, 1), 0.0, kern.OPT_LVARR | kern.OPT_LAARR
+        L.temps.append(both)
     term, o4 = _flag(L, p.terminated, kern.OPT_TERM)
     trunc, o5 = _flag(L, p.truncated, kern.OPT_TRUNC)
     mask, o6 = _flag(L, p.mask, kern.OPT_MASK)

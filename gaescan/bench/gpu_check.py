@@ -550,6 +550,72 @@ def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool) -> None:
         return f"call returned after {host_ms:.2f} ms with {queued_ms:.1f} ms of work queued; stream still busy"
     check("no host synchronisation (queued work, streamQuery)", no_host_sync)
 
+    # CUDA graphs: the look-back scratch (and any conversion) of a captured call must
+    # outlive the call, since the graph replays with the addresses it captured.
+    def churn():
+        """Allocate and fill what a freed scratch buffer would be handed out for."""
+        junk = [cp.full(n, 0x7F7F7F7F, dtype=cp.uint32) for n in (1 << 12, 1 << 16, 1 << 20)
+                for _ in range(4)]
+        cp.cuda.get_current_stream().synchronize()
+        return junk
+
+    def graph_cupy():
+        B, T = 4, 2**20
+        r, v, d = data((B, T))
+        adv = cp.empty((B, T), cp.float32)
+        ret = cp.empty((B, T), cp.float32)
+        s = cp.cuda.Stream(non_blocking=True)
+        args = dict(gamma=0.99, lam=0.95, dones=d, out=(adv, ret), backend="cuda")
+        cp.cuda.Device().synchronize()
+        with s:
+            gaescan.gae(r, v, **args)  # compiled, and the pool holds this stream's blocks
+            s.synchronize()
+            s.begin_capture()
+            gaescan.gae(r, v, **args)
+            graph = s.end_capture()
+        junk = churn()
+        msgs = []
+        for _ in range(2):  # new inputs in the same arrays, every replay
+            with s:
+                r[...] = cp.asarray(rng.standard_normal((B, T)).astype(np.float32))
+                adv.fill(np.nan)
+                graph.launch(s)
+            s.synchronize()
+            ea, er = ref_gae(r, v, 0.99, 0.95, out_dtype=np.float32, dones=d)
+            msgs.append(compare(adv, ea, np.float32) + " / " + compare(ret, er, np.float32))
+        del junk
+        return "look-back captured, replayed twice: " + "; ".join(msgs)
+    check("CUDA graph (CuPy capture) gae look-back B=4 T=2^20 out=", graph_cupy)
+
+    if torch is not None and torch.cuda.is_available():
+        def graph_torch():
+            lens = rng.geometric(1 / 3000, size=300)
+            cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
+            N = int(lens.sum())
+            r = torch.randn(N, device="cuda")
+            v = torch.randn(N, device="cuda")
+            d = torch.rand(N, device="cuda") < 0.001
+            adv = torch.empty(N, device="cuda")
+            ret = torch.empty(N, device="cuda")
+            args = dict(gamma=0.99, lam=0.95, dones=d, cu_seqlens=cu, out=(adv, ret), backend="cuda")
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                gaescan.gae(r, v, **args)  # warm-up on the capturing stream, as torch asks
+            s.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=s):
+                gaescan.gae(r, v, **args)  # int32 offsets: a conversion copy inside the graph
+            junk = churn()
+            r.copy_(torch.randn(N, device="cuda"))
+            adv.fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            del junk
+            ea, er = ref_gae(r, v, 0.99, 0.95, out_dtype=np.float32, dones=d, cu_seqlens=cu)
+            return compare(adv, ea, np.float32) + " / " + compare(ret, er, np.float32)
+        check("CUDA graph (torch.cuda.graph) packed int32 cu_seqlens out=", graph_torch)
+
     # The lean path of the commonest call (C-contiguous CuPy, scalars) against the general path.
     def lean_vs_general():
         import gaescan._api as api
