@@ -1097,7 +1097,15 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
                 # Phase 2: apply the maps of the tiles in between, in time order, to the
                 # published state (prefetched TW at a time into shared memory).
                 cuda.threadfence()
+                # The thread that saw the state's flag is seldom the one that reads the
+                # state: its fence orders that read (PTX memory model) only through a
+                # barrier between them.
+                cuda.syncthreads()
                 fx = sh_found[x]
+                if y == 0 and need:
+                    jb = (fx * ngroups + grp) * grec + mapw + x * 2
+                    A = pub[jb]
+                    Vn = pub[jb + 1]
                 if x == 0 and y == 0:
                     mx = 0
                     for xx in range(RW):
@@ -1106,13 +1114,6 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
                             mx = c_rev - 1 - fxx
                     sh_ctl[1] = mx
                 cuda.syncthreads()
-                # Read only after that barrier: the thread that saw the state's flag is
-                # seldom this one, and its fence orders this read (PTX memory model) only
-                # through a barrier between them.
-                if y == 0 and need:
-                    jb = (fx * ngroups + grp) * grec + mapw + x * 2
-                    A = pub[jb]
-                    Vn = pub[jb + 1]
                 lmax = sh_ctl[1]
                 m0 = 0
                 while m0 < lmax:
