@@ -823,39 +823,61 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
         write publishes both: no fence, and a reader sees a value only with
         its flag.  The warp polls 32 later tiles at once and finds the
         nearest one whose state is published with only published maps in
-        between; it then applies those maps one by one, in time order (each
-        lane reads one, a shuffle hands them out), as the general look-back
-        does: the same floating-point operations, so the same bits.
+        between; it then applies those maps one by one, in time order (a
+        shuffle hands them out), as the general look-back does: the same
+        floating-point operations, so the same bits.  The state and the maps
+        polled in the last round are applied from the words the poll read (a
+        word is written once): only maps found in earlier rounds are read again.
         """
         zero = CAST(0)
         wm = warp_mask(0, y, 1, TW)
         wl = TW if TW < 32 else 32
         jb = c_rev - 1  # the latest tile not yet known to hold a map
-        found = np.int64(0)
+        fi = np.int64(0)
+        ls = zero
+        la = CAST(1)
+        lc = zero
         searching = True
         while searching:
             j = jb - y
             st = 0
+            ls = zero
+            la = CAST(1)
+            lc = zero
             if j < 0:
                 st = FLAG_INCL  # never the nearest: tile 0 publishes a state, never a map
             else:
-                if lb_flag(lb_read(lbw, lb_word(j, R, rr, 2))) == np.uint64(FLAG_INCL):
+                w = lb_read(lbw, lb_word(j, R, rr, 2))
+                if lb_flag(w) == np.uint64(FLAG_INCL):
                     st = FLAG_INCL
-                elif (lb_flag(lb_read(lbw, lb_word(j, R, rr, 0))) == np.uint64(FLAG_AGG)
-                      and lb_flag(lb_read(lbw, lb_word(j, R, rr, 1))) == np.uint64(FLAG_AGG)):
-                    st = FLAG_AGG
+                    ls = lb_value(w)
+                else:
+                    w = lb_read(lbw, lb_word(j, R, rr, 0))
+                    if lb_flag(w) == np.uint64(FLAG_AGG):
+                        la = lb_value(w)
+                        w = lb_read(lbw, lb_word(j, R, rr, 1))
+                        if lb_flag(w) == np.uint64(FLAG_AGG):
+                            lc = lb_value(w)
+                            st = FLAG_AGG
             fi = lowest_lane(cuda.ballot_sync(wm, st == FLAG_INCL))
             fn = lowest_lane(cuda.ballot_sync(wm, st == 0))
             if fi < fn:
-                found = jb - fi
                 searching = False
             elif fn < 32:
                 jb -= fn  # maps up to there: poll again from the first unpublished tile
             else:
                 jb -= wl
-        A = lb_value(lb_read(lbw, lb_word(found, R, rr, 2)))
+        # Lane fi holds the state of tile jb - fi; lanes fi - 1 .. 0 the maps of the
+        # tiles after it, up to jb, in time order.
+        A = cuda.shfl_sync(wm, ls, fi)
         Vn = zero
-        j0 = found + 1
+        i = fi - 1
+        while i >= 0:
+            ia = cuda.shfl_sync(wm, la, i)
+            ic = cuda.shfl_sync(wm, lc, i)
+            A, Vn = apply(ia, zero, ic, False, zero, A, Vn)
+            i -= 1
+        j0 = jb + 1
         while j0 < c_rev:
             j = j0 + y
             la = CAST(1)
