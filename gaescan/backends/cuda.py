@@ -81,7 +81,7 @@ TUNABLES: dict[str, Any] = {
     "fast_lookback": False,
     # Type the kernel's arrays as C-contiguous (layout "C") when all of them are: the
     # time stride is then a constant, which saves ptxas about 12 registers in the
-    # look-back kernel (108 -> 96 for GAE float32, 4 -> 5 blocks of 128 per SM);
+    # look-back kernel (111 -> 96 for GAE float32, 4 -> 5 blocks of 128 per SM);
     # anything strided still takes the one layout-"A" kernel.  GPU only.
     "contiguous_typing": False,
     # Experimental (gpu-check compares both): warps read rewards and values coalesced

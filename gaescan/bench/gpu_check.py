@@ -1023,7 +1023,7 @@ def sweep_shapes(quick: bool = False) -> list[tuple[str, int, int, list[dict]]]:
     # Prefetching takes 166 registers: min_blocks_per_sm=2 caps them at 128 (88 B of
     # spills) so two blocks of 256 threads share an SM; more than 256 threads get that
     # cap anyway.  min_blocks_per_sm=6 at 128 threads caps at 85 registers (ptxas used 80).
-    ct = dict(contiguous_typing=True)  # layout-"C" kernels: 96 registers instead of 108 (look-back)
+    ct = dict(contiguous_typing=True)  # layout-"C" kernels: 96 registers instead of 111 (look-back)
     cl = dict(coalesced_loads=True)  # loads coalesced through shared memory, as the stores are
     # Steps kept in shared memory: GAE look-back 111 -> 78 registers (fast, layout C: 72),
     # so 6-7 blocks of 128 per SM instead of 4-5, and the same registers at k=16; with
