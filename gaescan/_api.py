@@ -279,24 +279,8 @@ def gae(
         cu_seqlens=cu_seqlens, gamma=gamma, lam=lam,
     )
     ctx, name = _start(named, out, 2, backend)
-    # Everything from here, conversions and allocations included, runs on the caller's
-    # stream (PyTorch's current one for tensors): work queued on another stream would
-    # not be ordered before the kernel (PyTorch's side streams are non-blocking).
-    with ctx.stream():
-        xp = ctx.xp
-        c = {k: ctx.to_compute(x) for k, x in named.items()}
-        if dones is not None and (terminated is not None or truncated is not None):
-            raise ValueError("pass either dones or terminated/truncated, not both (dones means terminated)")
-        if next_values is not None and last_value is not None:
-            raise ValueError(
-                "next_values and last_value are exclusive: next_values already holds the bootstrap "
-                "value of every step, including the last"
-            )
-        if truncated is not None and next_values is None:
-            raise ValueError(
-                "truncated needs next_values: bootstrapping a cut-off episode needs the value of its "
-                "final observation, which only the caller knows"
-            )
+    with ctx.call(named) as (xp, c):
+        v.check_episode_ends(dones, terminated, truncated, next_values, last_value)
         r = v.data_array(xp, c["rewards"], "rewards")
         val = v.data_array(xp, c["values"], "values")
         if r is None or val is None:
@@ -405,12 +389,7 @@ def discounted_returns(
     named = dict(rewards=rewards, dones=dones, last_value=last_value, mask=mask,
                  cu_seqlens=cu_seqlens, gamma=gamma)
     ctx, name = _start(named, out, 1, backend)
-    # Everything from here, conversions and allocations included, runs on the caller's
-    # stream (PyTorch's current one for tensors): work queued on another stream would
-    # not be ordered before the kernel (PyTorch's side streams are non-blocking).
-    with ctx.stream():
-        xp = ctx.xp
-        c = {k: ctx.to_compute(x) for k, x in named.items()}
+    with ctx.call(named) as (xp, c):
         r = v.data_array(xp, c["rewards"], "rewards")
         if r is None:
             raise TypeError("rewards is a required array")
@@ -497,12 +476,7 @@ def linear_scan(
         return _dask.linear_scan(a, b, reverse=reverse, initial=initial, axis=axis, out=out, backend=backend)
     named = dict(a=a, b=b, initial=initial)
     ctx, name = _start(named, out, 1, backend)
-    # Everything from here, conversions and allocations included, runs on the caller's
-    # stream (PyTorch's current one for tensors): work queued on another stream would
-    # not be ordered before the kernel (PyTorch's side streams are non-blocking).
-    with ctx.stream():
-        xp = ctx.xp
-        c = {k: ctx.to_compute(x) for k, x in named.items()}
+    with ctx.call(named) as (xp, c):
         b_ = v.data_array(xp, c["b"], "b")
         if b_ is None:
             raise TypeError("b is a required array")

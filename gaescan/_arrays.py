@@ -156,6 +156,19 @@ class Context:
             yield
 
 
+    @contextlib.contextmanager
+    def call(self, named: Mapping[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
+        """The compute namespace and views of a call's arguments, on the caller's stream.
+
+        Everything the call does inside, conversions and allocations included,
+        runs on the caller's stream (see :meth:`stream`): work queued on another
+        stream would not be ordered before the kernel (PyTorch's side streams are
+        non-blocking).
+        """
+        with self.stream():
+            yield self.xp, {k: self.to_compute(x) for k, x in named.items()}
+
+
 #: Memory of calls captured into CUDA graphs.  A graph keeps the addresses it was
 #: captured with and may be replayed at any time, so that memory (scratch, copies,
 #: outputs gaescan allocated) never goes back to the pool: it is kept for the life

@@ -62,8 +62,8 @@ class ScanSummary(NamedTuple):
 def _prepared(named: dict[str, Any]) -> Iterator[tuple[Context, Any, dict[str, Any]]]:
     """The call's context, namespace and compute views, on the caller's stream throughout."""
     ctx = resolve(named)
-    with ctx.stream():
-        yield ctx, ctx.xp, {k: ctx.to_compute(x) for k, x in named.items()}
+    with ctx.call(named) as (xp, c):
+        yield ctx, xp, c
 
 
 def _is_array(x: Any) -> bool:

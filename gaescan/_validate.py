@@ -117,6 +117,23 @@ def data_array(xp: Any, x: Any, name: str) -> Any:
     return x
 
 
+def check_episode_ends(dones: Any, terminated: Any, truncated: Any, next_values: Any,
+                       last_value: Any) -> None:
+    """The ways GAE's episode ends and bootstrap values may be given together."""
+    if dones is not None and (terminated is not None or truncated is not None):
+        raise ValueError("pass either dones or terminated/truncated, not both (dones means terminated)")
+    if next_values is not None and last_value is not None:
+        raise ValueError(
+            "next_values and last_value are exclusive: next_values already holds the bootstrap "
+            "value of every step, including the last"
+        )
+    if truncated is not None and next_values is None:
+        raise ValueError(
+            "truncated needs next_values: bootstrapping a cut-off episode needs the value of its "
+            "final observation, which only the caller knows"
+        )
+
+
 def check_same_shape(ref_name: str, ref: Any, **others: Any) -> None:
     for name, x in others.items():
         if x is not None and tuple(x.shape) != tuple(ref.shape):

@@ -342,18 +342,7 @@ def gae(rewards, values, *, gamma, lam, next_values, last_value, last_advantage,
                  mask=mask, gamma=gamma, lam=lam)
     ctx = _context(named, out, backend, cu_seqlens)
     _dispatch.choose(backend, ctx)
-    if dones is not None and (terminated is not None or truncated is not None):
-        raise ValueError("pass either dones or terminated/truncated, not both (dones means terminated)")
-    if next_values is not None and last_value is not None:
-        raise ValueError(
-            "next_values and last_value are exclusive: next_values already holds the bootstrap "
-            "value of every step, including the last"
-        )
-    if truncated is not None and next_values is None:
-        raise ValueError(
-            "truncated needs next_values: bootstrapping a cut-off episode needs the value of its "
-            "final observation, which only the caller knows"
-        )
+    v.check_episode_ends(dones, terminated, truncated, next_values, last_value)
     if rewards is None or values is None:
         raise TypeError("rewards and values are required arrays")
     term_name = "dones" if dones is not None else "terminated"

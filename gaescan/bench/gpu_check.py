@@ -472,17 +472,24 @@ def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool) -> None:
             return compare(adv, ea, np.float32)
         check("torch non-default stream B=8 T=2^20", torch_stream)
 
+        def torch_packed(S):
+            """``S`` packed sequences on the GPU: int32 offsets (as torch code has them), r, V, dones."""
+            lens = rng.geometric(1 / 3000, size=S)
+            cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
+            N = int(lens.sum())
+            return (cu, torch.randn(N, device="cuda"), torch.randn(N, device="cuda"),
+                    torch.rand(N, device="cuda") < 0.001)
+
+        def packed_err(cu, r, v, d, adv, ret):
+            ea, er = ref_gae(r, v, 0.99, 0.95, out_dtype=np.float32, dones=d, cu_seqlens=cu)
+            return compare(adv, ea, np.float32) + " / " + compare(ret, er, np.float32)
+
         def torch_stream_prep():
             # int32 offsets are copied to int64 and the outputs allocated before the launch:
             # all on the caller's stream, or the kernel (on torch's non-blocking side stream)
             # could read the offsets before the copy has run.  CuPy's default stream is kept
             # busy meanwhile, so work queued there would land late.
-            lens = rng.geometric(1 / 3000, size=400)
-            cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
-            N = int(lens.sum())
-            r = torch.randn(N, device="cuda")
-            v = torch.randn(N, device="cuda")
-            d = torch.rand(N, device="cuda") < 0.001
+            cu, r, v, d = torch_packed(400)
             big = cp.ones(2**28, dtype=cp.float32)  # 1 GiB
             torch.cuda.synchronize()
             s = torch.cuda.Stream()
@@ -495,8 +502,7 @@ def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool) -> None:
             s.synchronize()
             torch.cuda.synchronize()
             del big
-            ea, er = ref_gae(r, v, 0.99, 0.95, out_dtype=np.float32, dones=d, cu_seqlens=cu)
-            return compare(adv, ea, np.float32) + " / " + compare(ret, er, np.float32)
+            return packed_err(cu, r, v, d, adv, ret)
         check("torch side stream, int32 cu_seqlens, CuPy's default stream busy", torch_stream_prep)
 
         def torch_time_major():
@@ -589,12 +595,8 @@ def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool) -> None:
 
     if torch is not None and torch.cuda.is_available():
         def graph_torch():
-            lens = rng.geometric(1 / 3000, size=300)
-            cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
-            N = int(lens.sum())
-            r = torch.randn(N, device="cuda")
-            v = torch.randn(N, device="cuda")
-            d = torch.rand(N, device="cuda") < 0.001
+            cu, r, v, d = torch_packed(300)
+            N = r.shape[0]
             adv = torch.empty(N, device="cuda")
             ret = torch.empty(N, device="cuda")
             args = dict(gamma=0.99, lam=0.95, dones=d, cu_seqlens=cu, out=(adv, ret), backend="cuda")
@@ -612,8 +614,7 @@ def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool) -> None:
             g.replay()
             torch.cuda.synchronize()
             del junk
-            ea, er = ref_gae(r, v, 0.99, 0.95, out_dtype=np.float32, dones=d, cu_seqlens=cu)
-            return compare(adv, ea, np.float32) + " / " + compare(ret, er, np.float32)
+            return packed_err(cu, r, v, d, adv, ret)
         check("CUDA graph (torch.cuda.graph) packed int32 cu_seqlens out=", graph_torch)
 
     # The lean path of the commonest call (C-contiguous CuPy, scalars) against the general path.
