@@ -139,8 +139,8 @@ class Context:
 
         PyTorch users launch on ``torch.cuda.current_stream()``; CuPy users
         already have CuPy's current stream.  Host calls need nothing.  While
-        that stream captures a CUDA graph, every allocation of the call is
-        kept (see :data:`CAPTURED`).
+        that stream captures a CUDA graph, the call's allocations are kept
+        (see :func:`keeping_if_captured`).
         """
         if not self.on_device:
             yield
@@ -151,10 +151,8 @@ class Context:
                 import torch
 
                 stack.enter_context(cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream))
-            if stream_capturing(cp.cuda.get_current_stream().ptr):
-                stack.enter_context(cp.cuda.using_allocator(_kept(cp.cuda.get_allocator())))
+            stack.enter_context(keeping_if_captured(cp.cuda.get_current_stream().ptr))
             yield
-
 
     @contextlib.contextmanager
     def call(self, named: Mapping[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
@@ -169,29 +167,75 @@ class Context:
             yield self.xp, {k: self.to_compute(x) for k, x in named.items()}
 
 
-#: Memory of calls captured into CUDA graphs.  A graph keeps the addresses it was
-#: captured with and may be replayed at any time, so that memory (scratch, copies,
-#: outputs gaescan allocated) never goes back to the pool: it is kept for the life
-#: of the process.
+# --------------------------------------------------------------------------- CUDA graphs
+
+#: Memory allocated by calls captured into CUDA graphs.  A graph keeps the addresses
+#: it was captured with and may be replayed at any time, so that memory (look-back
+#: records, conversions, outputs gaescan allocated) never goes back to the pool: it
+#: is kept for the life of the process.
 CAPTURED: list[Any] = []
+
+# cudaErrorStreamCaptureImplicit: the legacy stream was queried while another
+# stream captures (so the call, on the legacy stream, is not being captured).
+_CAPTURE_IMPLICIT = 906
 
 
 def stream_capturing(ptr: int) -> bool:
     """Whether the CUDA stream ``ptr`` is capturing a graph (a query, not a synchronisation)."""
     cp = _import_cupy()
     try:
-        return cp.cuda.runtime.streamIsCapturing(ptr) != 0
-    except Exception:  # noqa: BLE001 - the legacy stream while another one captures: not ours
-        return False
+        return bool(cp.cuda.runtime.streamIsCapturing(ptr))
+    except cp.cuda.runtime.CUDARuntimeError as exc:
+        if getattr(exc, "status", None) == _CAPTURE_IMPLICIT:
+            return False
+        raise
+
+
+@contextlib.contextmanager
+def keeping_if_captured(ptr: int) -> Iterator[None]:
+    """While stream ``ptr`` captures a CUDA graph, keep what is allocated inside.
+
+    CuPy's stream-ordered pool (``MemoryAsyncPool``) needs nothing: under capture
+    its allocations and frees become nodes of the graph itself.  Any other
+    allocator's memory is kept in :data:`CAPTURED`, and is taken with the
+    thread's capture mode relaxed, as PyTorch's allocator does: in the default
+    ("global") mode of ``torch.cuda.graph`` CUDA refuses ``cudaMalloc`` during
+    capture, and a pool that keeps its blocks will need new ones.
+    """
+    if not stream_capturing(ptr):
+        yield
+        return
+    cp = _import_cupy()
+    malloc = cp.cuda.get_allocator()
+    if isinstance(getattr(malloc, "__self__", None), getattr(cp.cuda, "MemoryAsyncPool", ())):
+        yield
+        return
+    with cp.cuda.using_allocator(_kept(malloc)):
+        yield
 
 
 def _kept(malloc: Any) -> Any:
-    """An allocator that allocates with ``malloc`` and keeps every allocation in :data:`CAPTURED`."""
+    """``malloc``, with the capture mode relaxed, keeping every allocation in :data:`CAPTURED`."""
     def kept(size: int) -> Any:
-        mem = malloc(size)
+        with _relaxed_capture():
+            mem = malloc(size)
         CAPTURED.append(mem)
         return mem
     return kept
+
+
+@contextlib.contextmanager
+def _relaxed_capture() -> Iterator[None]:
+    """This thread's stream-capture mode set to relaxed (cudaThreadExchangeStreamCaptureMode)."""
+    from cuda.bindings import runtime as rt  # the CUDA Python bindings numba-cuda depends on
+
+    err, prev = rt.cudaThreadExchangeStreamCaptureMode(rt.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed)
+    if err != rt.cudaError_t.cudaSuccess:
+        raise RuntimeError(f"cudaThreadExchangeStreamCaptureMode failed: {err}")
+    try:
+        yield
+    finally:
+        rt.cudaThreadExchangeStreamCaptureMode(prev)
 
 
 def _import_cupy() -> Any:

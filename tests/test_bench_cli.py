@@ -282,6 +282,23 @@ def test_blocks_per_sm(regs, smem, threads, blocks):
     assert blocks_per_sm(32, 40000, 128, a100) == 4
 
 
+def test_sweep_reports_the_kernel_a_call_launched():
+    from types import SimpleNamespace
+
+    from gaescan.bench import gpu_check as gc
+
+    ov = SimpleNamespace(regs_per_thread=78, shared_mem_per_block=14112, local_mem_per_thread=0)
+    kernel = SimpleNamespace(overloads={"sig": ov})
+    cb = SimpleNamespace()
+    cb._typed = lambda *a, **k: kernel
+    real = cb._typed
+    assert gc._launched_kernel(cb, lambda: cb._typed("key", "args")) is kernel
+    assert cb._typed is real  # the lookup is watched for that one call only
+    assert gc._kernel_resources(kernel) == (78, 14112, 0)
+    assert gc._launched_kernel(cb, lambda: None) is None  # no launch (e.g. the simulator)
+    assert gc._kernel_resources(None) is None
+
+
 def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
                           check=False)

@@ -339,3 +339,18 @@ def test_block_sizes_the_kernels_take(threads):
     with cb.override(threads=threads):
         p = cb.plan(3, 100_000)
     assert p["time_threads"] * p["rows_per_block"] <= threads
+
+
+def test_a_tile_over_the_shared_memory_limit_names_the_tunables(monkeypatch):
+    # ptxas refuses a block's static shared memory over 48 KiB ("too much shared
+    # data", checked against ptxas in test_ptx): the call says which tunables to lower.
+    import numpy as np
+
+    def refuse(sig, **kw):
+        raise RuntimeError("ptxas error   : Entry function 'k' uses too much shared data (0xdc20 bytes)")
+
+    monkeypatch.setattr(cb.cuda, "jit", refuse)
+    monkeypatch.setattr(cb, "_typed_cache", {})
+    args = tuple(np.zeros((2, 2), np.float32) for _ in range(cb._N_ARRAYS)) + (np.float32(1), np.int64(2))
+    with pytest.raises(ValueError, match="threads=512, k=8 needs more static shared memory.*lower threads"):
+        cb._typed(_Kernel, (0, 1, False, "<f4", 512, 8, 0), args)

@@ -30,6 +30,7 @@ every tile, block and chunk boundary).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import struct
 import threading
@@ -43,7 +44,7 @@ try:
 except ImportError:  # pragma: no cover - an old Numba
     from numba import types
 
-from .._arrays import CAPTURED, stream_capturing
+from .._arrays import keeping_if_captured
 from .._config import Tunables
 from .._problem import GAEProblem, ReturnsProblem, ScanProblem
 from ..kernels import cuda as kern
@@ -80,7 +81,7 @@ TUNABLES: dict[str, Any] = {
     # publishing needs no memory fence, and one warp polls 32 tiles per round.
     "fast_lookback": False,
     # Type the kernel's arrays as C-contiguous (layout "C") when all of them are: the
-    # time stride is then a constant, which saves ptxas about 12 registers in the
+    # time stride is then a constant, which saves ptxas about 15 registers in the
     # look-back kernel (111 -> 96 for GAE float32, 4 -> 5 blocks of 128 per SM);
     # anything strided still takes the one layout-"A" kernel.  GPU only.
     "contiguous_typing": False,
@@ -135,6 +136,14 @@ def current_stream_ptr() -> int:
 
 # ptxas's words for a block whose static shared memory is over the limit.
 _SMEM_LIMIT = "too much shared data"
+
+
+def _check_shared_memory(exc: Exception, threads: int, k: int) -> None:
+    """Raise a ValueError naming the tunables if ``exc`` is ptxas refusing a tile's shared memory."""
+    if _SMEM_LIMIT in str(exc):
+        raise ValueError(
+            f"the kernel for CUDA tunables threads={threads}, k={k} needs more static shared memory "
+            "than a block may have (48 KiB): lower threads or k") from exc
 
 
 # --------------------------------------------------------------------------- plumbing
@@ -194,8 +203,6 @@ class _Launch:
         # Looked up once per call: the device of the placeholder arrays.
         self.dev = -1 if self.sim else cuda.get_current_device().id
         self.xp = rows.xp
-        # Arrays the kernel reads that this call allocated (kept if a graph captures it).
-        self.temps: list[Any] = []
         self.dtype = np.dtype(rows.dtype)
         self.cast = self.dtype.type
         self.R, self.T, self.nseg = int(rows.R), int(rows.T), int(rows.nseg)
@@ -282,18 +289,19 @@ class _Launch:
             grid = ngroups * nchunks
             # Stream-ordered: the zero fill is queued on the current stream before the kernel.
             # The buffers stay referenced (``keep``) until the launch is queued; after
-            # that, CuPy's pool only hands them out again in this stream's order (a
-            # graph capture keeps them for good: see gaescan._arrays.CAPTURED).  Under capture the fill
-            # is captured too, so each replay starts from zeroed tickets and flags.
-            if fast:
-                # The ticket counter, then 3 words per (tile, row): see kernels.cuda.fast_lookback.
-                keep = (xp.zeros(1 + 3 * nchunks * self.R, dtype=np.uint64),)
-                lbw = self.arr(keep[0], np.uint64, 1)
-            else:
-                _, grec = kern.group_record(dt.itemsize, RW)
-                keep = (xp.empty(nchunks * ngroups * grec, dtype=dt),
-                        xp.zeros(nchunks * self.R + 1, dtype=np.int32))
-                pub, flg = self.arr(keep[0], dt, 1), self.arr(keep[1], np.int32, 1)
+            # that, CuPy's pool only hands them out again in this stream's order.  A
+            # graph capture keeps them (a replay reuses their addresses), and captures
+            # the fill too, so each replay starts from zeroed tickets and flags.
+            with contextlib.nullcontext() if self.sim else keeping_if_captured(current_stream_ptr()):
+                if fast:
+                    # The ticket counter, then 3 words per (tile, row): see kernels.cuda.fast_lookback.
+                    keep = (xp.zeros(1 + 3 * nchunks * self.R, dtype=np.uint64),)
+                    lbw = self.arr(keep[0], np.uint64, 1)
+                else:
+                    _, grec = kern.group_record(dt.itemsize, RW)
+                    keep = (xp.empty(nchunks * ngroups * grec, dtype=dt),
+                            xp.zeros(nchunks * self.R + 1, dtype=np.int32))
+                    pub, flg = self.arr(keep[0], dt, 1), self.arr(keep[1], np.int32, 1)
         args = (
             a["r"], a["v"], a["nv"], a["term"], a["trunc"], a["mask"], a["g"], a["l"], a["lv"],
             a["cu"], a["out1"], a["out2"],
@@ -316,14 +324,8 @@ class _Launch:
             else:
                 kernel[grid, (RW, TW), _stream(ptr)](*args)
         except Exception as exc:
-            if _SMEM_LIMIT in str(exc):
-                raise ValueError(
-                    f"the kernel for CUDA tunables threads={nsh}, k={K} needs more static shared memory "
-                    "than a block may have (48 KiB): lower threads or k") from exc
+            _check_shared_memory(exc, nsh, K)
             raise
-        if (keep or self.temps) and stream_capturing(ptr):
-            # A graph may replay this launch at any time: its scratch is never freed.
-            CAPTURED.append((keep, tuple(self.temps)))
 
 
 _direct_kernels: dict[Any, Any] = {}
@@ -534,6 +536,7 @@ def _typed(kernel: Any, key: tuple, args: tuple, min_blocks: int = 0, contiguous
                 try:
                     d = cuda.jit(types.void(*sig), **opts)(kernel.py_func)
                 except Exception as exc:  # pragma: no cover - depends on the numba-cuda version
+                    _check_shared_memory(exc, key[4], key[5])
                     import warnings
 
                     warnings.warn(f"gaescan: explicit-signature compile failed ({exc!r}); "
@@ -644,7 +647,6 @@ def gae(p: GAEProblem) -> None:
         both[: L.nseg] = p.last_value
         both[L.nseg:] = p.last_advantage
         lv, lv_s, o3 = L.arr(both, None, 1), 0.0, kern.OPT_LVARR | kern.OPT_LAARR
-        L.temps.append(both)
     term, o4 = _flag(L, p.terminated, kern.OPT_TERM)
     trunc, o5 = _flag(L, p.truncated, kern.OPT_TRUNC)
     mask, o6 = _flag(L, p.mask, kern.OPT_MASK)

@@ -558,12 +558,22 @@ def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool) -> None:
 
     # CUDA graphs: the look-back scratch (and any conversion) of a captured call must
     # outlive the call, since the graph replays with the addresses it captured.
-    def churn():
-        """Allocate and fill what a freed scratch buffer would be handed out for."""
-        junk = [cp.full(n, 0x7F7F7F7F, dtype=cp.uint32) for n in (1 << 12, 1 << 16, 1 << 20)
-                for _ in range(4)]
-        cp.cuda.get_current_stream().synchronize()
+    JUNK = 0x7F7F7F7F
+
+    def churn(stream):
+        """Arrays allocated on ``stream`` after a capture: what its freed memory would go to.
+
+        CuPy's pool hands a freed block out again only on the stream that freed it.
+        """
+        with stream:
+            junk = [cp.full(n, JUNK, dtype=cp.uint32) for n in (1 << 12, 1 << 16, 1 << 20) for _ in range(4)]
+            stream.synchronize()
         return junk
+
+    def intact(junk):
+        if not all(bool((j == JUNK).all()) for j in junk):
+            raise AssertionError("a replay wrote into memory the pool handed out after the capture")
+        return "arrays allocated after the capture intact"
 
     def graph_cupy():
         B, T = 4, 2**20
@@ -579,7 +589,7 @@ def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool) -> None:
             s.begin_capture()
             gaescan.gae(r, v, **args)
             graph = s.end_capture()
-        junk = churn()
+        junk = churn(s)
         msgs = []
         for _ in range(2):  # new inputs in the same arrays, every replay
             with s:
@@ -589,12 +599,13 @@ def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool) -> None:
             s.synchronize()
             ea, er = ref_gae(r, v, 0.99, 0.95, out_dtype=np.float32, dones=d)
             msgs.append(compare(adv, ea, np.float32) + " / " + compare(ret, er, np.float32))
-        del junk
-        return "look-back captured, replayed twice: " + "; ".join(msgs)
+        return "look-back captured, replayed twice: " + "; ".join(msgs) + "; " + intact(junk)
     check("CUDA graph (CuPy capture) gae look-back B=4 T=2^20 out=", graph_cupy)
 
     if torch is not None and torch.cuda.is_available():
         def graph_torch():
+            # PyTorch's recipe as documented: warm up on a side stream, then capture with
+            # torch.cuda.graph's defaults (its own stream, "global" capture mode).
             cu, r, v, d = torch_packed(300)
             N = r.shape[0]
             adv = torch.empty(N, device="cuda")
@@ -603,18 +614,18 @@ def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool) -> None:
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(s):
-                gaescan.gae(r, v, **args)  # warm-up on the capturing stream, as torch asks
-            s.synchronize()
+                gaescan.gae(r, v, **args)
+            torch.cuda.current_stream().wait_stream(s)
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=s):
+            with torch.cuda.graph(g):
+                capture_stream = torch.cuda.current_stream().cuda_stream
                 gaescan.gae(r, v, **args)  # int32 offsets: a conversion copy inside the graph
-            junk = churn()
+            junk = churn(cp.cuda.ExternalStream(capture_stream))
             r.copy_(torch.randn(N, device="cuda"))
             adv.fill_(float("nan"))
             g.replay()
             torch.cuda.synchronize()
-            del junk
-            return packed_err(cu, r, v, d, adv, ret)
+            return packed_err(cu, r, v, d, adv, ret) + "; " + intact(junk)
         check("CUDA graph (torch.cuda.graph) packed int32 cu_seqlens out=", graph_torch)
 
     # The lean path of the commonest call (C-contiguous CuPy, scalars) against the general path.
@@ -1095,6 +1106,23 @@ def _kernel_resources(dispatcher: Any) -> tuple[int, int, int] | None:
         return None
 
 
+def _launched_kernel(cb: Any, call: Callable[[], Any]) -> Any:
+    """The compiled kernel ``call`` launches (one more call, with the backend's lookup watched)."""
+    got = []
+    typed = cb._typed
+
+    def watched(*a, **k):
+        got.append(typed(*a, **k))
+        return got[-1]
+
+    cb._typed = watched
+    try:
+        call()
+    finally:
+        cb._typed = typed
+    return got[-1] if len(got) == 1 else None
+
+
 def sweep(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
     """Time a few CUDA tunable settings (each compiles a kernel once) on two shapes.
 
@@ -1130,12 +1158,11 @@ def sweep(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
                     pl = cb.plan(B, T, np.float32)
                     spec = tuple(pl[k] for k in ("mode", "k", "opts", "threads", "min_blocks_per_sm",
                                                  "layout"))
-                    known = set(cb._typed_cache)
-                    t = _events_ms(cp, functools.partial(gaescan.gae, r, v, gamma=0.99, lam=0.95, dones=d,
-                                                         out=(a0, r0), backend="cuda"))
-                if spec not in seen:
-                    new = [cb._typed_cache[key] for key in cb._typed_cache if key not in known]
-                    seen[spec] = _kernel_resources(new[0]) if len(new) == 1 else None
+                    call = functools.partial(gaescan.gae, r, v, gamma=0.99, lam=0.95, dones=d, out=(a0, r0),
+                                             backend="cuda")
+                    t = _events_ms(cp, call)
+                    if spec not in seen:
+                        seen[spec] = _kernel_resources(_launched_kernel(cb, call))
                 res = seen[spec]
                 kern_txt = f"{pl['mode']} K={pl['k']} {pl['options']}"
                 if res is not None:
