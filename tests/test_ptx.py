@@ -285,9 +285,12 @@ def _compile_and_check(case, cc, layout):
     return max(regs)
 
 
-def _blocks_per_sm(regs: int, threads: int = 128) -> int:
-    # 65536 registers per SM, allocated per warp in units of 256 (8 per thread).
-    return 65536 // (-(-regs // 8) * 8 * threads)
+def _resources(info: str) -> tuple[int, int, int]:
+    """Registers, shared memory and spill stores (bytes) that ``ptxas -v`` reports for a kernel."""
+    regs = max(int(x) for x in re.findall(r"Used (\d+) registers", info))
+    smem = max((int(x) for x in re.findall(r"(\d+) bytes smem", info)), default=0)
+    spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", info))
+    return regs, smem, spills
 
 
 @pytest.mark.parametrize("k", [8, 16])
@@ -296,6 +299,7 @@ def test_shared_steps_free_registers_for_more_blocks(toolchain, k):
     # registers across the block scan and the look-back, more blocks fit an SM
     # (the look-back is latency-bound: blocks in flight are the bytes in flight),
     # at K=16 too.
+    from gaescan.bench.gpu_check import blocks_per_sm
     from gaescan.kernels import cuda as kern
 
     cc = CCS[-1]
@@ -306,8 +310,8 @@ def test_shared_steps_free_registers_for_more_blocks(toolchain, k):
                          ("fast+shared", kern.OPT_SHSTEPS | kern.OPT_FASTLB, k)):
         kd = kern._build(kern.GAE_V, kern.MODE_LOOKBACK, False, np.dtype(np.float32), 128, kk, ct)
         info = _ptxas_info(cuda.compile_ptx(kd.py_func, sig, cc=cc)[0], cc)
-        regs = max(int(x) for x in re.findall(r"Used (\d+) registers", info))
-        blocks[name] = _blocks_per_sm(regs)
+        regs, smem, _ = _resources(info)
+        blocks[name] = blocks_per_sm(regs, smem, 128)
         print(f"sm_90  gae-lookback-float32 {name} K={kk}: regs {regs}, {blocks[name]} blocks of 128 per SM")
     assert blocks["shared"] >= 6 and blocks["fast+shared"] >= 6
     assert blocks["shared"] > blocks["default"]
@@ -329,8 +333,7 @@ def test_shared_steps_fit_eight_blocks_without_spills(toolchain, layout):
         k = kern._build(kern.GAE_V, kern.MODE_LOOKBACK, False, np.dtype(np.float32), 128, 8, ct)
         sig = _sig(kern.GAE_V, np.float32, np.float32, np.bool_, layout=layout)
         info = _ptxas_info(cuda.compile_ptx(k.py_func, sig, cc=cc, launch_bounds=(128, 8))[0], cc)
-        regs = max(int(x) for x in re.findall(r"Used (\d+) registers", info))
-        spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", info))
+        regs, _, spills = _resources(info)
         print(f"sm_90  gae-lookback-float32 shared steps (opts {ct}) [{layout}] launch_bounds(128, 8): "
               f"regs {regs}, spill stores {spills} B")
         assert regs <= 64 and spills == 0
@@ -353,8 +356,7 @@ def test_launch_bounds_cap_registers(toolchain, min_blocks):
                               launch_bounds=(128, min_blocks))
     assert ".minnctapersm" in ptx
     info = _ptxas_info(ptx, cc)
-    regs = max(int(x) for x in re.findall(r"Used (\d+) registers", info))
-    spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", info))
+    regs, _, spills = _resources(info)
     print(f"sm_90  gae-lookback-float32 launch_bounds(128, {min_blocks}): regs {regs}, spill stores {spills} B")
     assert regs * 128 * min_blocks <= 65536
 
@@ -462,9 +464,7 @@ def test_every_swept_kernel_compiles_and_fits_its_launch(toolchain, spec):
     k = kern._build(kern.GAE_V, mode, False, np.dtype(np.float32), threads, K, opts & kern.CT_BITS)
     sig = _sig(kern.GAE_V, np.float32, np.float32, np.bool_, layout=layout)
     info = _ptxas_info(cuda.compile_ptx(k.py_func, sig, cc=cc, **kw)[0], cc)
-    regs = max(int(x) for x in re.findall(r"Used (\d+) registers", info))
-    smem = max((int(x) for x in re.findall(r"(\d+) bytes smem", info)), default=0)
-    spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", info))
+    regs, smem, spills = _resources(info)
     blocks = blocks_per_sm(regs, smem, threads)
     print(f"sm_90  sweep {spec}: regs {regs}, smem {smem} B, spill stores {spills} B, {blocks} blocks/SM"
           f"  <- {SWEEP_SPECS[spec][0]}")

@@ -283,6 +283,7 @@ class _Launch:
         pub, flg = _dummy(self.dev, dt, 1), _dummy(self.dev, np.int32, 1)
         lbw = _dummy(self.dev, np.uint64, 1)
         keep = ()
+        ptr = 0 if self.sim else current_stream_ptr()
         grid = ngroups
         if mode == kern.MODE_LOOKBACK:
             xp = self.xp
@@ -292,7 +293,7 @@ class _Launch:
             # that, CuPy's pool only hands them out again in this stream's order.  A
             # graph capture keeps them (a replay reuses their addresses), and captures
             # the fill too, so each replay starts from zeroed tickets and flags.
-            with contextlib.nullcontext() if self.sim else keeping_if_captured(current_stream_ptr()):
+            with contextlib.nullcontext() if self.sim else keeping_if_captured(ptr):
                 if fast:
                     # The ticket counter, then 3 words per (tile, row): see kernels.cuda.fast_lookback.
                     keep = (xp.zeros(1 + 3 * nchunks * self.R, dtype=np.uint64),)
@@ -315,7 +316,6 @@ class _Launch:
         if self.sim:
             kernel[grid, (RW, TW)](*args)
             return
-        ptr = current_stream_ptr()
         try:
             if self.raw:
                 _launch_raw(kernel, self.dev, args, grid, (RW, TW), ptr)
@@ -585,7 +585,7 @@ def plan(R: int, T: int, dtype: Any = np.float32, time_major: bool = False, pack
     ``options`` names the kernel's compile-time variants that the tunables asked for
     and that apply here (a tunable that does not apply to the shape is not listed);
     ``opts`` holds their bits (:mod:`gaescan.kernels.cuda`'s ``OPT_*``), with the rest
-    of what the kernel is built from: ``kind``, ``threads``, ``min_blocks_per_sm`` and
+    of what the kernel is built from: ``threads``, ``min_blocks_per_sm`` and
     ``layout`` (the array layout the kernel is typed with, for C-contiguous arrays).
     """
     from types import SimpleNamespace
@@ -601,7 +601,7 @@ def plan(R: int, T: int, dtype: Any = np.float32, time_major: bool = False, pack
         mode=name, rows_per_block=RW, time_threads=TW, k=K, tiles_per_row=nchunks,
         blocks=ngroups * (nchunks if mode == kern.MODE_LOOKBACK else 1),
         options="+".join(n for b, n in OPTION_NAMES.items() if ct & b) or "-",
-        kind=kern.GAE_V, opts=ct, threads=int(get("threads")),
+        opts=ct, threads=int(get("threads")),
         min_blocks_per_sm=int(get("min_blocks_per_sm")),
         layout="C" if get("contiguous_typing") else "A"))
 
