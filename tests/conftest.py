@@ -5,7 +5,9 @@ default ``numba,numpy`` -- plus ``cuda`` when ``NUMBA_ENABLE_CUDASIM=1``.  The
 ``numpy`` backend is run at several chunk sizes (small ones so that short rows
 cross many internal chunk boundaries, and the library default).  The CUDA
 simulator is very slow, so the ``cuda`` backend is marked ``small``: tests
-then pick shapes below ~2000 elements.
+then pick shapes below ~2000 elements, and it is given only to tests marked
+``cudasim`` (those that reach CUDA kernel or host code the CPU backends do not
+reach); CI's simulator pass runs ``-m cudasim`` with ``GAESCAN_TEST_BACKENDS=cuda``.
 
 Every test that takes the ``backend`` fixture gets a :class:`Backend` whose
 ``gae``/``returns``/``scan`` methods call the library with ``backend=<name>``
@@ -25,11 +27,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import oracle  # noqa: E402
+import gaescan.testing as gt  # noqa: E402
 
 # Large enough that every float32 case passes on a correct library, small
 # enough that an off-by-one step (a wrong γ, a missed bootstrap) fails.
-TOL = {np.dtype(np.float32): 2e-5, np.dtype(np.float64): 1e-12}
+TOL = {np.dtype(dt): gt.tolerance(dt) for dt in (np.float32, np.float64)}
 
 # Lengths that straddle every chunk size used below (4, 8, default 32) and the
 # usual power-of-two block sizes of GPU kernels, plus some primes.
@@ -105,14 +107,27 @@ def all_backends() -> list[Backend]:
 
 
 def pytest_generate_tests(metafunc):
-    # ``backend``: every selected configuration; ``cpu_backend``: only those
-    # that can afford 2^17-step rows and hypothesis runs (not the simulator).
-    if "backend" in metafunc.fixturenames:
-        bs = all_backends()
+    # ``backend``: every selected configuration, the simulator's only for tests
+    # marked ``cudasim``; ``cpu_backend``: only those that can afford 2^17-step
+    # rows and hypothesis runs (not the simulator).
+    if "backend" in metafunc.fixturenames and not _parametrized_directly(metafunc, "backend"):
+        sim = metafunc.definition.get_closest_marker("cudasim") is not None
+        bs = [b for b in all_backends() if sim or not b.small]
         metafunc.parametrize("backend", bs, ids=[b.id for b in bs], indirect=True)
     if "cpu_backend" in metafunc.fixturenames:
         bs = [b for b in all_backends() if not b.small]
         metafunc.parametrize("cpu_backend", bs, ids=[b.id for b in bs], indirect=True)
+
+
+def _parametrized_directly(metafunc, name: str) -> bool:
+    """Whether the test's own ``parametrize`` marks give ``name`` its values."""
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0] if mark.args else mark.kwargs.get("argnames", ())
+        if isinstance(names, str):
+            names = [n.strip() for n in names.split(",")]
+        if name in names:
+            return True
+    return False
 
 
 def _enter(request):
@@ -148,8 +163,7 @@ def assert_close(actual, expected, dtype, *, shape=None):
     assert isinstance(actual, np.ndarray), type(actual)
     assert actual.dtype == dtype, (actual.dtype, dtype)
     assert actual.shape == (expected.shape if shape is None else shape), (actual.shape, expected.shape)
-    err = oracle.rel_l2(actual, expected)
-    assert err <= TOL[dtype], f"relative L2 error {err:.3g} > {TOL[dtype]:.1g} for {dtype}"
+    gt.assert_close(actual, expected, dtype=dtype)
 
 
 def assert_zero_where(arr, keep):

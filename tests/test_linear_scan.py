@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-import oracle
 import pytest
 from conftest import LONG_T, assert_close, assert_unchanged, random_data, random_flags, snapshot
+
+import gaescan.testing as gt
 
 DIRS = [False, True]
 DIR_IDS = ["forward", "reverse"]
@@ -15,8 +16,8 @@ def check_scan(backend, dtype=None, **kw):
     snap = snapshot(kw)
     y = backend.scan(**kw)
     if dtype is None:
-        dtype = oracle.result_dtype(kw["a"], kw["b"], kw.get("initial"))
-    assert_close(y, oracle.scan_ref(**kw), dtype)
+        dtype = gt.result_dtype(kw["a"], kw["b"], kw.get("initial"))
+    assert_close(y, gt.linear_scan(**kw), dtype)
     assert_unchanged(kw, snap)
     return y
 
@@ -54,6 +55,7 @@ def test_lengths(backend, rng, reverse):
 
 @pytest.mark.parametrize("form", A_FORMS)
 @pytest.mark.parametrize("reverse", DIRS, ids=DIR_IDS)
+@pytest.mark.cudasim
 def test_a_forms(backend, rng, reverse, form):
     B, T = (3, 70) if backend.small else (5, 301)
     check_scan(backend, a=_a(form, rng, (B, T)), b=random_data(rng, (B, T)), reverse=reverse)
@@ -71,6 +73,7 @@ def test_a_forms(backend, rng, reverse, form):
     ],
     ids=lambda x: np.dtype(x).name,
 )
+@pytest.mark.cudasim
 def test_dtypes(backend, rng, b_dtype, a_dtype, expected):
     b = random_data(rng, (3, 40), b_dtype)
     a = rng.uniform(0.5, 1.0, (3, 40)).astype(a_dtype)
@@ -78,6 +81,7 @@ def test_dtypes(backend, rng, b_dtype, a_dtype, expected):
     assert y.dtype == expected
 
 
+@pytest.mark.cudasim
 def test_weak_scalars_and_float64_initial(backend, rng):
     b = random_data(rng, (3, 40))
     check_scan(backend, np.float32, a=np.float64(0.9), b=b, initial=np.float64(1.0))
@@ -86,6 +90,7 @@ def test_weak_scalars_and_float64_initial(backend, rng):
 
 @pytest.mark.parametrize("kind", ["scalar", "per-row", "per-row-3d"])
 @pytest.mark.parametrize("reverse", DIRS, ids=DIR_IDS)
+@pytest.mark.cudasim
 def test_initial(backend, rng, reverse, kind):
     if kind == "per-row-3d":
         b, axis = random_data(rng, (2, 17, 3)), 1
@@ -100,6 +105,7 @@ def test_initial(backend, rng, reverse, kind):
     "layout", ["axis0", "3d-middle", "3d-axis0", "strided", "fortran", "negative-stride"]
 )
 @pytest.mark.parametrize("reverse", DIRS, ids=DIR_IDS)
+@pytest.mark.cudasim
 def test_axes(backend, rng, reverse, layout):
     T = 45
     if layout == "axis0":
@@ -119,6 +125,7 @@ def test_axes(backend, rng, reverse, layout):
 
 
 @pytest.mark.parametrize("reverse", DIRS, ids=DIR_IDS)
+@pytest.mark.cudasim
 def test_out(backend, rng, reverse):
     b = random_data(rng, (4, 29))
     for out in (
@@ -128,7 +135,7 @@ def test_out(backend, rng, reverse):
     ):
         y = backend.scan(0.7, b, reverse=reverse, out=out)
         assert y is out
-        assert_close(out, oracle.scan_ref(0.7, b, reverse=reverse), np.float32)
+        assert_close(out, gt.linear_scan(0.7, b, reverse=reverse), np.float32)
 
 
 def test_reverse_is_forward_on_flipped(backend, rng):
@@ -146,7 +153,7 @@ def test_returns_is_reverse_scan(backend, rng):
     g = backend.returns(r, gamma=0.95, dones=d)
     y = backend.scan(np.where(d, 0.0, 0.95).astype(np.float32), r, reverse=True)
     np.testing.assert_allclose(g, y, rtol=1e-5, atol=1e-6)
-    assert_close(y, oracle.returns_ref(r, gamma=0.95, dones=d), np.float32)
+    assert_close(y, gt.discounted_returns(r, gamma=0.95, dones=d), np.float32)
 
 
 @pytest.mark.slow
@@ -158,6 +165,7 @@ def test_long_row(cpu_backend, rng, reverse, dtype):
     check_scan(cpu_backend, a=1.0, b=random_data(rng, (LONG_T,), dtype), reverse=reverse, initial=3.0)
 
 
+@pytest.mark.cudasim
 def test_zero_size(backend):
     for shape in [(0,), (3, 0), (0, 4)]:
         y = backend.scan(0.5, np.zeros(shape, np.float32))

@@ -10,11 +10,12 @@ that Hypothesis shrinks it.
 from __future__ import annotations
 
 import numpy as np
-import oracle
 import pytest
 from conftest import FLAG_MODES, assert_close, assert_unchanged, flag_kwargs, random_data, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+import gaescan.testing as gt
 
 SETTINGS = settings(
     max_examples=40,
@@ -72,8 +73,8 @@ def gae_problems(draw, small=False):
 def _check_gae(backend, kw):
     snap = snapshot(kw)
     res = backend.gae(**kw)
-    ref_adv, ref_ret = oracle.gae_ref(**kw)
-    dtype = oracle.result_dtype(
+    ref_adv, ref_ret = gt.gae(**kw)
+    dtype = gt.result_dtype(
         kw["rewards"], kw["values"], kw.get("next_values"), kw.get("last_value"), kw["gamma"], kw["lam"]
     )
     assert_close(res.advantages, ref_adv, dtype)
@@ -155,7 +156,7 @@ def test_returns_random(backend, seed, T, B, p, masked, gamma_form, lv, axis0):
     snap = snapshot(kw)
     out = backend.returns(**kw)
     assert_close(
-        out, oracle.returns_ref(**kw), oracle.result_dtype(kw["rewards"], kw["gamma"], kw.get("last_value"))
+        out, gt.discounted_returns(**kw), gt.result_dtype(kw["rewards"], kw["gamma"], kw.get("last_value"))
     )
     assert_unchanged(kw, snap)
 
@@ -183,7 +184,7 @@ def test_scan_random(backend, seed, T, B, reverse, a_form, init, dtype):
     if init:
         kw["initial"] = random_data(g, (B,), dtype)
     y = backend.scan(**kw)
-    assert_close(y, oracle.scan_ref(**kw), np.dtype(dtype))
+    assert_close(y, gt.linear_scan(**kw), np.dtype(dtype))
 
 
 # ------------------------------------------------------------------ NaN isolation

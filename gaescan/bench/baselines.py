@@ -2,8 +2,8 @@
 
 Both work on NumPy or CuPy arrays (``xp`` is the array's namespace), for
 ``[B, T]`` float inputs, constant ``gamma``/``lam`` and optional ``dones``.
-They are baselines, not references: the tests' float64 oracle lives in
-``tests/``.
+They are baselines, not references: the float64 references live in
+:mod:`gaescan.testing`.
 """
 
 from __future__ import annotations

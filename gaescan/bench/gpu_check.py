@@ -4,8 +4,9 @@ Run ``python -m gaescan.bench.gpu_check`` on a machine with a CUDA GPU, CuPy,
 numba-cuda (and optionally PyTorch).  It
 
 1. checks ``gaescan.gae``, ``discounted_returns`` and ``linear_scan`` with
-   ``backend="cuda"`` against a float64 loop (a Numba CPU ``njit`` written
-   here, independent of the library) over the three shape regimes, dtypes,
+   ``backend="cuda"`` against :mod:`gaescan.testing`'s float64 loops (compiled
+   here with Numba's ``njit``), a table of cases run by one loop
+   (:func:`correctness_cases`), over the three shape regimes, dtypes,
    flags, masks, ``cu_seqlens``, layouts, CuPy and PyTorch inputs, ``out=``,
    bit-identical repeats, non-default streams and the absence of host syncs;
 2. times gaescan against a device-to-device copy of the same bytes (the
@@ -23,6 +24,7 @@ Options: ``--quick`` (small shapes only), ``--no-bench``, ``--no-check``,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import functools
 import statistics
@@ -64,74 +66,11 @@ def check(name: str, fn: Callable[[], str | None]) -> None:
     print(f"{status}  {name:<58s} {dt:6.2f}s  {detail}", flush=True)
 
 
-# --------------------------------------------------------------------------- float64 oracle
-
-_NJ: dict[str, Any] = {}
-
-
-def _oracles() -> dict[str, Any]:
-    if _NJ:
-        return _NJ
-    from numba import njit
-
-    @njit(cache=False)
-    def gae_ref(r, v, nv, g, lam, term, trunc, mask, has_next, lv, la, srow, slo, shi, adv, ret):
-        for s in range(srow.shape[0]):
-            row, lo, hi = srow[s], slo[s], shi[s]
-            a_next = la[s]
-            v_next = lv[s]
-            for t in range(hi - 1, lo - 1, -1):
-                if not mask[row, t]:
-                    adv[row, t] = 0.0
-                    ret[row, t] = 0.0
-                    continue
-                gt = g[row, t]
-                vt = v[row, t]
-                vn = nv[row, t] if has_next else v_next
-                if term[row, t]:
-                    d = r[row, t] - vt
-                else:
-                    d = r[row, t] + gt * vn - vt
-                if term[row, t] or trunc[row, t]:
-                    a = d
-                else:
-                    a = d + gt * lam[row, t] * a_next
-                adv[row, t] = a
-                ret[row, t] = a + vt
-                a_next = a
-                v_next = vt
-
-    @njit(cache=False)
-    def ret_ref(r, g, dones, mask, lv, srow, slo, shi, out):
-        for s in range(srow.shape[0]):
-            row, lo, hi = srow[s], slo[s], shi[s]
-            G = lv[s]
-            for t in range(hi - 1, lo - 1, -1):
-                if not mask[row, t]:
-                    out[row, t] = 0.0
-                    continue
-                if dones[row, t]:
-                    G = r[row, t]
-                else:
-                    G = r[row, t] + g[row, t] * G
-                out[row, t] = G
-
-    @njit(cache=False)
-    def scan_ref(a, b, reverse, init, out):
-        R, T = b.shape
-        for row in range(R):
-            y = init[row]
-            for i in range(T):
-                t = T - 1 - i if reverse else i
-                y = a[row, t] * y + b[row, t]
-                out[row, t] = y
-
-    _NJ.update(gae=gae_ref, ret=ret_ref, scan=scan_ref)
-    return _NJ
+# --------------------------------------------------------------------------- float64 references
 
 
 def _h(x: Any) -> np.ndarray:
-    """Host float64 / bool copy of a CuPy array, a torch tensor or a NumPy array."""
+    """Host copy of a CuPy array, a torch tensor or a NumPy array (for bit comparisons)."""
     if x is None:
         return None
     if hasattr(x, "detach"):
@@ -141,651 +80,622 @@ def _h(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-def _rows2d(x: np.ndarray, axis: int) -> np.ndarray:
-    x = np.moveaxis(x, axis, -1)
-    return np.ascontiguousarray(x.reshape(-1, x.shape[-1]))
+def _compiled_references() -> None:
+    """gaescan.testing's row loops compiled by Numba: the checks' rows run to millions of steps."""
+    from numba import njit
+
+    from .. import testing
+
+    testing._compile_row_loops(njit)
 
 
-def _full(c: Any, shape: tuple, out_dtype: Any, axis: int) -> np.ndarray:
-    """A coefficient as a float64 (R, T) array, first rounded to the output dtype."""
-    if np.isscalar(c):
-        return np.full(_rt(shape, axis), float(np.dtype(out_dtype).type(c)))
-    c = _h(c).astype(out_dtype).astype(np.float64)
-    return _rows2d(np.broadcast_to(c, shape), axis)
+def compare(got: Any, want: np.ndarray, out_dtype: Any, mask: Any = None) -> str:
+    """``got`` has ``out_dtype``, zeros where ``mask`` is false, and is within the SPEC tolerance of ``want``."""
+    from .. import testing
+
+    if mask is not None and np.any(_h(got)[_h(mask) == 0] != 0):
+        raise AssertionError("non-zero output at a masked position")
+    return f"rel.err {testing.assert_close(got, want, dtype=out_dtype):.1e}"
 
 
-def _rt(shape: tuple, axis: int) -> tuple:
-    T = shape[axis]
-    return (int(np.prod(shape)) // max(T, 1) if T else 0, T)
-
-
-def _flag2(x: Any, shape: tuple, axis: int, default: bool) -> np.ndarray:
-    if x is None:
-        return np.full(_rt(shape, axis), default)
-    return _rows2d(_h(x) != 0, axis)
-
-
-def _seqs(R: int, T: int, cu: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    if cu is None:
-        return np.arange(R, dtype=np.int64), np.zeros(R, np.int64), np.full(R, T, np.int64)
-    c = _h(cu).astype(np.int64)
-    S = len(c) - 1
-    return np.zeros(S, np.int64), c[:-1].copy(), c[1:].copy()
-
-
-def _per_seq(x: Any, n: int, out_dtype: Any) -> np.ndarray:
-    if x is None:
-        return np.zeros(n)
-    if np.isscalar(x):
-        return np.full(n, float(np.dtype(out_dtype).type(x)))
-    return _h(x).astype(out_dtype).astype(np.float64).reshape(-1)
-
-
-def ref_gae(r, v, gamma, lam, *, out_dtype, next_values=None, last_value=None, dones=None,
-            terminated=None, truncated=None, mask=None, cu_seqlens=None, axis=-1, last_advantage=None):
-    shape = tuple(_h(r).shape)
-    ax = axis % len(shape)
-    R, T = _rt(shape, ax)
-    rr = _rows2d(_h(r).astype(np.float64), ax)
-    vv = _rows2d(_h(v).astype(np.float64), ax)
-    nv = vv if next_values is None else _rows2d(_h(next_values).astype(np.float64), ax)
-    term = _flag2(dones if dones is not None else terminated, shape, ax, False)
-    trunc = _flag2(truncated, shape, ax, False)
-    m = _flag2(mask, shape, ax, True)
-    srow, slo, shi = _seqs(R, T, cu_seqlens)
-    if last_value is None:
-        lv = np.zeros(len(srow))
-    elif np.isscalar(last_value):
-        lv = np.full(len(srow), float(np.dtype(out_dtype).type(last_value)))
-    else:
-        lv = _h(last_value).astype(out_dtype).astype(np.float64).reshape(-1)
-    adv = np.zeros((R, T))
-    ret = np.zeros((R, T))
-    _oracles()["gae"](rr, vv, nv, _full(gamma, shape, out_dtype, ax), _full(lam, shape, out_dtype, ax),
-                      term, trunc, m, next_values is not None, lv, _per_seq(last_advantage, len(srow), out_dtype),
-                      srow, slo, shi, adv, ret)
-    return adv, ret
-
-
-def ref_returns(r, gamma, *, out_dtype, dones=None, last_value=None, mask=None, cu_seqlens=None, axis=-1):
-    shape = tuple(_h(r).shape)
-    ax = axis % len(shape)
-    R, T = _rt(shape, ax)
-    rr = _rows2d(_h(r).astype(np.float64), ax)
-    srow, slo, shi = _seqs(R, T, cu_seqlens)
-    if last_value is None:
-        lv = np.zeros(len(srow))
-    elif np.isscalar(last_value):
-        lv = np.full(len(srow), float(np.dtype(out_dtype).type(last_value)))
-    else:
-        lv = _h(last_value).astype(out_dtype).astype(np.float64).reshape(-1)
-    out = np.zeros((R, T))
-    _oracles()["ret"](rr, _full(gamma, shape, out_dtype, ax), _flag2(dones, shape, ax, False),
-                      _flag2(mask, shape, ax, True), lv, srow, slo, shi, out)
-    return out
-
-
-def ref_scan(a, b, *, out_dtype, reverse=False, initial=None, axis=-1):
-    shape = tuple(_h(b).shape)
-    ax = axis % len(shape)
-    R, T = _rt(shape, ax)
-    bb = _rows2d(_h(b).astype(np.float64), ax)
-    if initial is None:
-        init = np.zeros(R)
-    elif np.isscalar(initial):
-        init = np.full(R, float(np.dtype(out_dtype).type(initial)))
-    else:
-        init = _h(initial).astype(out_dtype).astype(np.float64).reshape(-1)
-    out = np.zeros((R, T))
-    _oracles()["scan"](_full(a, shape, out_dtype, ax), bb, bool(reverse), init, out)
-    return out
-
-
-def compare(got: Any, want: np.ndarray, out_dtype: Any, axis: int = -1, mask: Any = None) -> str:
-    g = _h(got)
-    ax = axis % g.ndim
-    g2 = _rows2d(g.astype(np.float64), ax)
-    if g2.shape != want.shape:
-        raise AssertionError(f"shape {g2.shape} != reference {want.shape}")
-    if _h(got).dtype != np.dtype(out_dtype):
-        raise AssertionError(f"dtype {_h(got).dtype} != {np.dtype(out_dtype)}")
-    if mask is not None:
-        m = _rows2d(_h(mask) != 0, ax)
-        if np.any(g2[~m] != 0):
-            raise AssertionError("non-zero output at a masked position")
-    if not np.all(np.isfinite(g2)):
-        raise AssertionError(f"{int(np.sum(~np.isfinite(g2)))} non-finite outputs")
-    tol = 1e-12 if np.dtype(out_dtype) == np.float64 else 2e-5
-    err = float(np.linalg.norm(g2 - want)) / max(float(np.linalg.norm(want)), 1e-300)
-    if not err <= tol:
-        i = np.unravel_index(np.argmax(np.abs(g2 - want)), want.shape)
-        raise AssertionError(f"relative L2 error {err:.3g} > {tol} (worst at {i}: {g2[i]} vs {want[i]})")
-    return f"rel.err {err:.1e}"
+def _both(res: Any, want: Any, out_dtype: Any, mask: Any = None) -> str:
+    """:func:`compare` of ``(advantages, returns)``."""
+    return compare(res[0], want[0], out_dtype, mask) + " / " + compare(res[1], want[1], out_dtype, mask)
 
 
 # --------------------------------------------------------------------------- correctness
+# Every check is a row of a table: a name, a function of an :class:`Env` and
+# keyword arguments, the arguments (built when the check runs, so that its data
+# is made inside its time budget) and the CUDA tunables it runs under.
 
 
-def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool) -> None:
-    rng = np.random.default_rng(1234)
+@dataclasses.dataclass
+class Env:
+    """What the checks share: the libraries, one random stream, the size of the long rows."""
 
-    def data(shape, dtype=np.float32, p_done=0.01):
-        r = cp.asarray(rng.standard_normal(shape).astype(dtype))
-        v = cp.asarray(rng.standard_normal(shape).astype(dtype))
-        d = cp.asarray(rng.random(shape) < p_done)
-        return r, v, d
+    cp: Any
+    gaescan: Any
+    torch: Any
+    rng: np.random.Generator
+    n_long: int
 
-    def gae_case(shape, dtype=np.float32, axis=-1, p_done=0.01, repeat=False, **kw):
-        def run():
-            r, v, d = data(shape, dtype, p_done)
-            out_dt = np.float64 if dtype == np.float64 else np.float32
-            args = dict(gamma=0.99, lam=0.95, dones=d, axis=axis, backend="cuda")
-            args.update(kw)
-            adv, ret = gaescan.gae(r, v, **args)
-            msg = ""
-            if repeat:
-                adv2, ret2 = gaescan.gae(r, v, **args)
-                cp.cuda.get_current_stream().synchronize()
-                if not (_h(adv).tobytes() == _h(adv2).tobytes()
-                        and _h(ret).tobytes() == _h(ret2).tobytes()):
-                    raise AssertionError("repeat run is not bit-identical")
-                msg = "bit-identical repeat; "
-            refargs = {k: v_ for k, v_ in args.items() if k != "backend"}
-            ea, er = ref_gae(r, v, out_dtype=out_dt, **refargs)
-            m = kw.get("mask")
-            return msg + compare(adv, ea, out_dt, axis, m) + " / " + compare(ret, er, out_dt, axis, m)
-        return run
+    @property
+    def testing(self) -> Any:
+        from .. import testing
 
-    N_LONG = 2**22 if not quick else 2**18
-    # Regime: many rows.
-    check("gae many rows B=512 T=300 f32 dones", gae_case((512, 300)))
-    check("gae many rows B=2048 T=2000 f32 dones lv[B]",
-          gae_case((2048, 2000), last_value=cp.asarray(rng.standard_normal(2048).astype(np.float32))))
-    # Regime: few long rows (look-back), bit-identical repeat.
-    check(f"gae few long rows B=4 T={N_LONG} f32 dones (repeat)", gae_case((4, N_LONG), repeat=True))
-    check("gae long rows B=3 T=300001 f32 mask+gamma[B,1]+lam[B,T]+lv[B]",
-          gae_case((3, 300001), mask=cp.asarray(rng.random((3, 300001)) < 0.7),
-                   gamma=cp.asarray(rng.uniform(0.9, 1.0, (3, 1)).astype(np.float32)),
-                   lam=cp.asarray(rng.uniform(0.8, 1.0, (3, 300001)).astype(np.float32)),
-                   last_value=cp.asarray(rng.standard_normal(3).astype(np.float32))))
-    check("gae single row T=1000003 f64 gamma=lam=1", gae_case((1000003,), np.float64, gamma=1.0, lam=1.0))
-    # last_advantage (the carry-in of sequence-parallel slices): both drivers and packed.
-    check("gae last_advantage[B] + lv[B], B=2048 T=2000 f32 (rows driver)",
-          gae_case((2048, 2000), last_value=cp.asarray(rng.standard_normal(2048).astype(np.float32)),
-                   last_advantage=cp.asarray(rng.standard_normal(2048).astype(np.float32))))
-    check("gae last_advantage[B] B=3 T=300001 f32 mask, gamma=lam=1 (look-back driver)",
-          gae_case((3, 300001), gamma=1.0, lam=1.0, mask=cp.asarray(rng.random((3, 300001)) < 0.7),
-                   last_advantage=cp.asarray(rng.standard_normal(3).astype(np.float32))))
+        return testing
 
-    # Packed cu_seqlens (empty, one-step and a giant segment), mask, per-segment last_value.
-    def packed(dtype=np.float32, repeat=False, cu_dtype=np.int64):
-        lens = rng.geometric(1 / 3000, size=300)
-        lens[::17] = 0
-        lens[5] = 1
-        lens[100] = 400_000
-        cu = np.concatenate([[0], np.cumsum(lens)]).astype(cu_dtype)
-        N = int(cu[-1])
-        return gae_case((N,), dtype, cu_seqlens=cp.asarray(cu), repeat=repeat,
-                        mask=cp.asarray(rng.random(N) < 0.9),
-                        last_value=cp.asarray(rng.standard_normal(len(lens)).astype(dtype)),
-                        last_advantage=cp.asarray(rng.standard_normal(len(lens)).astype(dtype)))
-    check("gae packed cu_seqlens S=300 N~1.3M f32 mask lv[S] last_advantage[S] (repeat)", packed(repeat=True))
-    check("gae packed cu_seqlens int32 offsets, f64", packed(np.float64, cu_dtype=np.int32))
+    def normal(self, shape: Any, dtype: Any = np.float32) -> Any:
+        return self.cp.asarray(self.rng.standard_normal(shape).astype(dtype))
 
-    # Regime: many short rows.
-    check("gae short rows B=65536 T=16 f32 dones", gae_case((65536, 16), p_done=0.1))
-    check("gae short rows B=4000 T=1 f32", gae_case((4000, 1)))
-    check("gae 3-D batch (8,64,700) axis=-1 f32", gae_case((8, 64, 700)))
-    # Time-major layouts.
-    check("gae time-major axis=0 T=4096 B=512 f32 dones lv[B]",
-          gae_case((4096, 512), axis=0, last_value=cp.asarray(rng.standard_normal(512).astype(np.float32))))
-    check("gae time-major axis=0 T=50000 B=8 f32", gae_case((50000, 8), axis=0))
-    check("gae time-major axis=0 T=64 B=20000 f64", gae_case((64, 20000), np.float64, axis=0))
-    # Dtypes.
-    check("gae f16 inputs -> f32 B=64 T=5000", gae_case((64, 5000), np.float16))
-    check("gae f64 B=64 T=50000", gae_case((64, 50000), np.float64))
+    def uniform(self, lo: float, hi: float, shape: Any) -> Any:
+        return self.cp.asarray(self.rng.uniform(lo, hi, shape).astype(np.float32))
 
-    # terminated + truncated + next_values.
-    def tt(dtype, shape):
-        def run():
-            r, v, _ = data(shape, dtype)
-            nv = cp.asarray(rng.standard_normal(shape).astype(dtype))
-            term = cp.asarray(rng.random(shape) < 0.005)
-            trunc = cp.asarray((rng.random(shape) < 0.005).astype(np.uint8))
-            out_dt = np.float64 if dtype == np.float64 else np.float32
-            adv, ret = gaescan.gae(r, v, gamma=0.99, lam=0.9, next_values=nv, terminated=term,
-                                   truncated=trunc, backend="cuda")
-            ea, er = ref_gae(r, v, 0.99, 0.9, out_dtype=out_dt, next_values=nv,
-                             terminated=term, truncated=trunc)
-            return compare(adv, ea, out_dt) + " / " + compare(ret, er, out_dt)
-        return run
-    check("gae terminated+truncated(uint8)+next_values B=16 T=20000 f32", tt(np.float32, (16, 20000)))
-    check("gae terminated+truncated+next_values B=2 T=2^20 f64", tt(np.float64, (2, 2**20)))
+    def flags(self, p: float, shape: Any) -> Any:
+        return self.cp.asarray(self.rng.random(shape) < p)
 
-    # Look-back under real concurrency: force long walks (only every 16th tile publishes
-    # its state) and force the block-per-row driver; both must match, bit for bit where
-    # the geometry is the same.
-    def walks():
+    def data(self, shape: Any, dtype: Any = np.float32, p_done: float = 0.01) -> tuple[Any, Any, Any]:
+        return self.normal(shape, dtype), self.normal(shape, dtype), self.flags(p_done, shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckCase:
+    """One correctness check: ``fn(env, **kwargs(env))`` under the CUDA tunables ``tun``."""
+
+    name: str
+    fn: Callable[..., str | None]
+    kwargs: Callable[[Env], dict] | None = None
+    tun: dict = dataclasses.field(default_factory=dict)
+    needs_torch: bool = False
+
+    def run(self, env: Env) -> str | None:
         from gaescan.backends import cuda as cb
 
-        r, v, d = data((4, 2**20))
-        base = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="cuda")
-        with cb.override(debug_skip_incl=True):
-            walk = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="cuda")
-        with cb.override(rows_min_blocks=1):
-            rows_ = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="cuda")
-        if _h(base[0]).tobytes() != _h(walk[0]).tobytes():
-            raise AssertionError("long look-back walks changed the bits")
-        ea, _ = ref_gae(r, v, 0.99, 0.95, out_dtype=np.float32, dones=d)
-        return ("long walks bit-identical; " + compare(walk[0], ea, np.float32) + "; block-per-row "
-                + compare(rows_[0], ea, np.float32))
-    check("gae look-back long walks + block-per-row driver B=4 T=2^20", walks)
+        with cb.override(**self.tun):
+            return self.fn(env, **(self.kwargs(env) if self.kwargs is not None else {}))
 
-    # NaN isolation across a done.
-    def nan_iso():
-        r, v, _ = data((4, 100000))
-        d = cp.zeros((4, 100000), dtype=cp.bool_)
-        d[:, 49999] = True
-        r[:, 70000] = cp.nan
-        adv, _ = gaescan.gae(r, v, gamma=1.0, lam=1.0, dones=d, backend="cuda")
-        a = _h(adv)
-        if not np.all(np.isfinite(a[:, :50000])):
-            raise AssertionError("a NaN crossed a done")
-        return "NaN stayed in its episode"
-    check("gae NaN does not cross a done (look-back regime)", nan_iso)
 
-    # out= preallocated.
-    def outs():
-        r, v, d = data((256, 3000))
-        a0 = cp.empty((256, 3000), cp.float32)
-        r0 = cp.empty((256, 3000), cp.float32)
-        res = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, out=(a0, r0), backend="cuda")
-        if res[0] is not a0 or res[1] is not r0:
-            raise AssertionError("out= arrays not returned")
-        ea, er = ref_gae(r, v, 0.99, 0.95, out_dtype=np.float32, dones=d)
-        return compare(a0, ea, np.float32) + " / " + compare(r0, er, np.float32)
-    check("gae out= preallocated B=256 T=3000", outs)
+def _out_dtype(dtype: Any) -> Any:
+    return np.float64 if dtype == np.float64 else np.float32
 
-    # discounted_returns.
-    def rets(shape, axis=-1, packed_=False):
-        def run():
-            if not packed_:
-                r, _, d = data(shape, p_done=0.003)
-                kw = dict(gamma=0.97, dones=d, axis=axis)
-            else:
-                lens = rng.geometric(1 / 2000, size=200)
-                lens[::9] = 0
-                cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-                r, _, d = data((int(cu[-1]),), p_done=0.003)
-                kw = dict(gamma=0.97, dones=d, cu_seqlens=cp.asarray(cu),
-                          last_value=cp.asarray(rng.standard_normal(200).astype(np.float32)),
-                          mask=cp.asarray(rng.random(int(cu[-1])) < 0.8))
-            G = gaescan.discounted_returns(r, backend="cuda", **kw)
-            return compare(G, ref_returns(r, out_dtype=np.float32, **kw), np.float32, kw.get("axis", -1),
-                           kw.get("mask"))
-        return run
-    check("discounted_returns B=1024 T=1000 dones", rets((1024, 1000)))
-    check("discounted_returns B=2 T=2^21 dones", rets((2, 2**21)))
-    check("discounted_returns time-major T=3000 B=700", rets((3000, 700), axis=0))
-    check("discounted_returns packed mask lv[S]", rets(None, packed_=True))
 
-    # linear_scan.
-    def scans(shape, reverse, axis=-1, a_arr=False):
-        def run():
-            b = cp.asarray(rng.standard_normal(shape).astype(np.float32))
-            a = cp.asarray(rng.uniform(0.5, 1.0, shape).astype(np.float32)) if a_arr else 0.999
-            batch = tuple(n for i, n in enumerate(shape) if i != axis % len(shape))
-            init = cp.asarray(rng.standard_normal(batch).astype(np.float32))
-            y = gaescan.linear_scan(a, b, reverse=reverse, initial=init, axis=axis, backend="cuda")
-            return compare(y, ref_scan(a, b, out_dtype=np.float32, reverse=reverse, initial=init, axis=axis),
-                           np.float32, axis)
-        return run
-    check("linear_scan forward a[B,T] B=512 T=4000", scans((512, 4000), False, a_arr=True))
-    check("linear_scan reverse a scalar B=3 T=2^21", scans((3, 2**21), True))
-    check("linear_scan forward a scalar B=3 T=2^21", scans((3, 2**21), False))
-    check("linear_scan forward time-major T=5000 B=300", scans((5000, 300), False, axis=0))
+def gae_check(env: Env, shape: tuple, dtype: Any = np.float32, axis: int = -1, p_done: float = 0.01,
+              repeat: bool = False, **kw: Any) -> str:
+    """``gae`` on random data with ``dones`` (and ``kw``) against the reference; optionally run twice."""
+    r, v, d = env.data(shape, dtype, p_done)
+    args = dict(gamma=0.99, lam=0.95, dones=d, axis=axis, backend="cuda")
+    args.update(kw)
+    res = env.gaescan.gae(r, v, **args)
+    msg = ""
+    if repeat:
+        res2 = env.gaescan.gae(r, v, **args)
+        env.cp.cuda.get_current_stream().synchronize()
+        if not (_h(res[0]).tobytes() == _h(res2[0]).tobytes() and _h(res[1]).tobytes() == _h(res2[1]).tobytes()):
+            raise AssertionError("repeat run is not bit-identical")
+        msg = "bit-identical repeat; "
+    return msg + _both(res, env.testing.gae(r, v, **args), _out_dtype(dtype), kw.get("mask"))
 
-    # PyTorch inputs and streams.
-    if torch is not None and torch.cuda.is_available():
-        def torch_case():
-            g = torch.Generator(device="cuda").manual_seed(0)
-            r = torch.randn(64, 30000, device="cuda", generator=g)
-            v = torch.randn(64, 30000, device="cuda", generator=g)
-            d = torch.rand(64, 30000, device="cuda", generator=g) < 0.01
-            adv, ret = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="cuda")
-            if not isinstance(adv, torch.Tensor) or adv.device.type != "cuda":
-                raise AssertionError(f"expected a CUDA tensor back, got {type(adv)}")
-            ea, er = ref_gae(r, v, 0.99, 0.95, out_dtype=np.float32, dones=d)
-            return compare(adv, ea, np.float32) + " / " + compare(ret, er, np.float32)
-        check("torch CUDA tensors B=64 T=30000 f32", torch_case)
 
-        def torch_stream():
-            s = torch.cuda.Stream()
-            r = torch.randn(8, 2**20, device="cuda")
-            v = torch.randn(8, 2**20, device="cuda")
-            d = torch.rand(8, 2**20, device="cuda") < 0.001
-            torch.cuda.current_stream().synchronize()
-            with torch.cuda.stream(s):
-                adv, _ = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="cuda")
-            s.synchronize()
-            ea, _ = ref_gae(r, v, 0.99, 0.95, out_dtype=np.float32, dones=d)
-            return compare(adv, ea, np.float32)
-        check("torch non-default stream B=8 T=2^20", torch_stream)
+def packed_kw(env: Env, dtype: Any = np.float32, repeat: bool = False, cu_dtype: Any = np.int64) -> dict:
+    """:func:`gae_check` arguments of 300 packed segments (empty, one-step and a giant one), mask, lv[S], la[S]."""
+    lens = env.rng.geometric(1 / 3000, size=300)
+    lens[::17] = 0
+    lens[5] = 1
+    lens[100] = 400_000
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(cu_dtype)
+    N = int(cu[-1])
+    return dict(shape=(N,), dtype=dtype, cu_seqlens=env.cp.asarray(cu), repeat=repeat, mask=env.flags(0.9, N),
+                last_value=env.normal(len(lens), dtype), last_advantage=env.normal(len(lens), dtype))
 
-        def torch_packed(S):
-            """``S`` packed sequences on the GPU: int32 offsets (as torch code has them), r, V, dones."""
-            lens = rng.geometric(1 / 3000, size=S)
-            cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
-            N = int(lens.sum())
-            return (cu, torch.randn(N, device="cuda"), torch.randn(N, device="cuda"),
-                    torch.rand(N, device="cuda") < 0.001)
 
-        def packed_err(cu, r, v, d, adv, ret):
-            ea, er = ref_gae(r, v, 0.99, 0.95, out_dtype=np.float32, dones=d, cu_seqlens=cu)
-            return compare(adv, ea, np.float32) + " / " + compare(ret, er, np.float32)
+def tt_check(env: Env, dtype: Any, shape: tuple) -> str:
+    """``gae`` with ``terminated``, uint8 ``truncated`` and ``next_values``."""
+    r, v, _ = env.data(shape, dtype)
+    nv = env.normal(shape, dtype)
+    term = env.flags(0.005, shape)
+    trunc = env.cp.asarray((env.rng.random(shape) < 0.005).astype(np.uint8))
+    kw = dict(gamma=0.99, lam=0.9, next_values=nv, terminated=term, truncated=trunc)
+    return _both(env.gaescan.gae(r, v, backend="cuda", **kw), env.testing.gae(r, v, **kw), _out_dtype(dtype))
 
-        def torch_stream_prep():
-            # int32 offsets are copied to int64 and the outputs allocated before the launch:
-            # all on the caller's stream, or the kernel (on torch's non-blocking side stream)
-            # could read the offsets before the copy has run.  CuPy's default stream is kept
-            # busy meanwhile, so work queued there would land late.
-            cu, r, v, d = torch_packed(400)
-            big = cp.ones(2**28, dtype=cp.float32)  # 1 GiB
-            torch.cuda.synchronize()
-            s = torch.cuda.Stream()
-            with cp.cuda.Stream.null:
-                for _ in range(60):  # ~60 x 0.5 ms queued on CuPy's default stream
-                    big *= 1.0000001
-            with torch.cuda.stream(s):
-                adv, ret = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, cu_seqlens=cu, backend="cuda")
-                adv, ret = adv.clone(), ret.clone()  # on s: what the kernel wrote, before anything else
-            s.synchronize()
-            torch.cuda.synchronize()
-            del big
-            return packed_err(cu, r, v, d, adv, ret)
-        check("torch side stream, int32 cu_seqlens, CuPy's default stream busy", torch_stream_prep)
 
-        def torch_time_major():
-            r = torch.randn(3000, 256, device="cuda", dtype=torch.float64)
-            v = torch.randn(3000, 256, device="cuda", dtype=torch.float64)
-            d = torch.rand(3000, 256, device="cuda") < 0.01
-            adv, _ = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, axis=0, backend="cuda")
-            ea, _ = ref_gae(r, v, 0.99, 0.95, out_dtype=np.float64, dones=d, axis=0)
-            return compare(adv, ea, np.float64, 0)
-        check("torch time-major axis=0 f64 T=3000 B=256", torch_time_major)
-    else:
-        print("SKIP  torch checks (torch with CUDA not available)")
-
-    def cupy_stream():
-        r, v, d = data((8, 2**20), p_done=0.001)
-        cp.cuda.get_current_stream().synchronize()
-        s = cp.cuda.Stream(non_blocking=True)
-        with s:
-            adv, ret = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="cuda")
-        s.synchronize()
-        ea, _ = ref_gae(r, v, 0.99, 0.95, out_dtype=np.float32, dones=d)
-        return compare(adv, ea, np.float32)
-    check("cupy non-default stream B=8 T=2^20", cupy_stream)
-
-    def no_host_sync():
-        B, T = 4, 2**22
-        r, v, d = data((B, T))
-        gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="cuda")  # warm (compiled)
-        big = cp.ones(2**28, dtype=cp.float32)  # 1 GiB
-        s = cp.cuda.Stream(non_blocking=True)
-        cp.cuda.Device().synchronize()
-        with s:
-            ev0 = cp.cuda.Event()
-            ev0.record()
-            for _ in range(60):  # ~60 x 0.5 ms of queued work
-                big *= 1.0000001
-            t = time.perf_counter()
-            gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="cuda")
-            host_ms = (time.perf_counter() - t) * 1e3
-            pending = not s.done
-            ev1 = cp.cuda.Event()
-            ev1.record()
-        ev1.synchronize()
-        queued_ms = cp.cuda.get_elapsed_time(ev0, ev1)
-        del big
-        if not pending:
-            raise AssertionError(f"stream already idle when the call returned (call took {host_ms:.2f} ms "
-                                 f"host time, queued work {queued_ms:.1f} ms): a host sync?")
-        if host_ms > 0.5 * queued_ms:
-            raise AssertionError(f"call took {host_ms:.2f} ms host time behind {queued_ms:.1f} ms of queued work")
-        return f"call returned after {host_ms:.2f} ms with {queued_ms:.1f} ms of work queued; stream still busy"
-    check("no host synchronisation (queued work, streamQuery)", no_host_sync)
-
-    # CUDA graphs: the look-back scratch (and any conversion) of a captured call must
-    # outlive the call, since the graph replays with the addresses it captured.
-    JUNK = 0x7F7F7F7F
-
-    def churn(stream):
-        """Arrays allocated on ``stream`` after a capture: what its freed memory would go to.
-
-        CuPy's pool hands a freed block out again only on the stream that freed it.
-        """
-        with stream:
-            junk = [cp.full(n, JUNK, dtype=cp.uint32) for n in (1 << 12, 1 << 16, 1 << 20) for _ in range(4)]
-            stream.synchronize()
-        return junk
-
-    def intact(junk):
-        if not all(bool((j == JUNK).all()) for j in junk):
-            raise AssertionError("a replay wrote into memory the pool handed out after the capture")
-        return "arrays allocated after the capture intact"
-
-    def graph_cupy():
-        B, T = 4, 2**20
-        r, v, d = data((B, T))
-        adv = cp.empty((B, T), cp.float32)
-        ret = cp.empty((B, T), cp.float32)
-        s = cp.cuda.Stream(non_blocking=True)
-        args = dict(gamma=0.99, lam=0.95, dones=d, out=(adv, ret), backend="cuda")
-        cp.cuda.Device().synchronize()
-        with s:
-            gaescan.gae(r, v, **args)  # compiled, and the pool holds this stream's blocks
-            s.synchronize()
-            s.begin_capture()
-            gaescan.gae(r, v, **args)
-            graph = s.end_capture()
-        junk = churn(s)
-        msgs = []
-        for _ in range(2):  # new inputs in the same arrays, every replay
-            with s:
-                r[...] = cp.asarray(rng.standard_normal((B, T)).astype(np.float32))
-                adv.fill(np.nan)
-                graph.launch(s)
-            s.synchronize()
-            ea, er = ref_gae(r, v, 0.99, 0.95, out_dtype=np.float32, dones=d)
-            msgs.append(compare(adv, ea, np.float32) + " / " + compare(ret, er, np.float32))
-        return "look-back captured, replayed twice: " + "; ".join(msgs) + "; " + intact(junk)
-    check("CUDA graph (CuPy capture) gae look-back B=4 T=2^20 out=", graph_cupy)
-
-    if torch is not None and torch.cuda.is_available():
-        def graph_torch():
-            # PyTorch's recipe as documented: warm up on a side stream, then capture with
-            # torch.cuda.graph's defaults (its own stream, "global" capture mode).
-            cu, r, v, d = torch_packed(300)
-            N = r.shape[0]
-            adv = torch.empty(N, device="cuda")
-            ret = torch.empty(N, device="cuda")
-            args = dict(gamma=0.99, lam=0.95, dones=d, cu_seqlens=cu, out=(adv, ret), backend="cuda")
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                gaescan.gae(r, v, **args)
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                capture_stream = torch.cuda.current_stream().cuda_stream
-                gaescan.gae(r, v, **args)  # int32 offsets: a conversion copy inside the graph
-            junk = churn(cp.cuda.ExternalStream(capture_stream))
-            r.copy_(torch.randn(N, device="cuda"))
-            adv.fill_(float("nan"))
-            g.replay()
-            torch.cuda.synchronize()
-            return packed_err(cu, r, v, d, adv, ret) + "; " + intact(junk)
-        check("CUDA graph (torch.cuda.graph) packed int32 cu_seqlens out=", graph_torch)
-
-    # The lean path of the commonest call (C-contiguous CuPy, scalars) against the general path.
-    def lean_vs_general():
-        import gaescan._api as api
-
-        r, v, d = data((64, 5000))
-        a1, r1 = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, last_value=0.5, backend="cuda")
-        real = api._gae_device_fast
-        api._gae_device_fast = lambda *a: None
-        try:
-            a2, r2 = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, last_value=0.5, backend="cuda")
-        finally:
-            api._gae_device_fast = real
-        if not (_h(a1).tobytes() == _h(a2).tobytes() and _h(r1).tobytes() == _h(r2).tobytes()):
-            raise AssertionError("the lean and general paths differ")
-        return "bit-identical"
-    check("gae lean path == general path B=64 T=5000 f32 dones", lean_vs_general)
-
-    # The experimental direct launch (tunable "direct_launch"): same kernels, same stream.
+def walks_check(env: Env) -> str:
+    """Look-back under real concurrency: long walks (every 16th tile publishes) and the block-per-row driver."""
     from gaescan.backends import cuda as cb
 
-    def variant(case, **tun):
-        """``case`` with CUDA tunables overridden."""
-        def run():
-            with cb.override(**tun):
-                return case()
-        return run
+    r, v, d = env.data((4, 2**20))
+    base = env.gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="cuda")
+    with cb.override(debug_skip_incl=True):
+        walk = env.gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="cuda")
+    with cb.override(rows_min_blocks=1):
+        rows_ = env.gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="cuda")
+    if _h(base[0]).tobytes() != _h(walk[0]).tobytes():
+        raise AssertionError("long look-back walks changed the bits")
+    ea = env.testing.gae(r, v, gamma=0.99, lam=0.95, dones=d).advantages
+    return ("long walks bit-identical; " + compare(walk[0], ea, np.float32) + "; block-per-row "
+            + compare(rows_[0], ea, np.float32))
 
-    def direct(case):
-        return variant(case, direct_launch=True)
-    check("direct launch: gae many rows B=512 T=300 f32 dones", direct(gae_case((512, 300))))
-    check("direct launch: gae few long rows B=4 T=2^20 f32 dones (repeat)",
-          direct(gae_case((4, 2**20), repeat=True)))
-    check("direct launch: packed f32 mask lv[S]", direct(packed()))
-    check("direct launch: cupy non-default stream B=8 T=2^20", direct(cupy_stream))
-    check("direct launch: no host synchronisation", direct(no_host_sync))
 
+def nan_iso_check(env: Env) -> str:
+    """A NaN after a done stays in its episode."""
+    cp = env.cp
+    r, v, _ = env.data((4, 100000))
+    d = cp.zeros((4, 100000), dtype=cp.bool_)
+    d[:, 49999] = True
+    r[:, 70000] = cp.nan
+    adv, _ = env.gaescan.gae(r, v, gamma=1.0, lam=1.0, dones=d, backend="cuda")
+    if not np.all(np.isfinite(_h(adv)[:, :50000])):
+        raise AssertionError("a NaN crossed a done")
+    return "NaN stayed in its episode"
+
+
+def outs_check(env: Env) -> str:
+    """``out=`` arrays are written and returned."""
+    cp = env.cp
+    r, v, d = env.data((256, 3000))
+    a0 = cp.empty((256, 3000), cp.float32)
+    r0 = cp.empty((256, 3000), cp.float32)
+    res = env.gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, out=(a0, r0), backend="cuda")
+    if res[0] is not a0 or res[1] is not r0:
+        raise AssertionError("out= arrays not returned")
+    return _both((a0, r0), env.testing.gae(r, v, gamma=0.99, lam=0.95, dones=d), np.float32)
+
+
+def rets_check(env: Env, shape: tuple | None, axis: int = -1, packed: bool = False) -> str:
+    """``discounted_returns`` with dones, or packed with a mask and lv[S]."""
+    if not packed:
+        r, _, d = env.data(shape, p_done=0.003)
+        kw = dict(gamma=0.97, dones=d, axis=axis)
+    else:
+        lens = env.rng.geometric(1 / 2000, size=200)
+        lens[::9] = 0
+        cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        r, _, d = env.data((int(cu[-1]),), p_done=0.003)
+        kw = dict(gamma=0.97, dones=d, cu_seqlens=env.cp.asarray(cu), last_value=env.normal(200),
+                  mask=env.flags(0.8, int(cu[-1])))
+    G = env.gaescan.discounted_returns(r, backend="cuda", **kw)
+    return compare(G, env.testing.discounted_returns(r, **kw), np.float32, kw.get("mask"))
+
+
+def scans_check(env: Env, shape: tuple, reverse: bool, axis: int = -1, a_arr: bool = False) -> str:
+    """``linear_scan`` with a per-step or scalar ``a`` and a per-row ``initial``."""
+    b = env.normal(shape)
+    a = env.uniform(0.5, 1.0, shape) if a_arr else 0.999
+    init = env.normal(tuple(n for i, n in enumerate(shape) if i != axis % len(shape)))
+    kw = dict(reverse=reverse, initial=init, axis=axis)
+    y = env.gaescan.linear_scan(a, b, backend="cuda", **kw)
+    return compare(y, env.testing.linear_scan(a, b, **kw), np.float32)
+
+
+def torch_case_check(env: Env) -> str:
+    """CUDA tensors in, CUDA tensors out."""
+    torch = env.torch
+    g = torch.Generator(device="cuda").manual_seed(0)
+    r = torch.randn(64, 30000, device="cuda", generator=g)
+    v = torch.randn(64, 30000, device="cuda", generator=g)
+    d = torch.rand(64, 30000, device="cuda", generator=g) < 0.01
+    res = env.gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="cuda")
+    if not isinstance(res[0], torch.Tensor) or res[0].device.type != "cuda":
+        raise AssertionError(f"expected a CUDA tensor back, got {type(res[0])}")
+    return _both(res, env.testing.gae(r, v, gamma=0.99, lam=0.95, dones=d), np.float32)
+
+
+def torch_stream_check(env: Env) -> str:
+    """A call on a non-default torch stream."""
+    torch = env.torch
+    s = torch.cuda.Stream()
+    r = torch.randn(8, 2**20, device="cuda")
+    v = torch.randn(8, 2**20, device="cuda")
+    d = torch.rand(8, 2**20, device="cuda") < 0.001
+    torch.cuda.current_stream().synchronize()
+    with torch.cuda.stream(s):
+        adv, _ = env.gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="cuda")
+    s.synchronize()
+    return compare(adv, env.testing.gae(r, v, gamma=0.99, lam=0.95, dones=d).advantages, np.float32)
+
+
+def _torch_packed(env: Env, S: int) -> tuple:
+    """``S`` packed sequences on the GPU: int32 offsets (as torch code has them), r, V, dones."""
+    torch = env.torch
+    lens = env.rng.geometric(1 / 3000, size=S)
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
+    N = int(lens.sum())
+    return (cu, torch.randn(N, device="cuda"), torch.randn(N, device="cuda"),
+            torch.rand(N, device="cuda") < 0.001)
+
+
+def _packed_err(env: Env, cu: Any, r: Any, v: Any, d: Any, adv: Any, ret: Any) -> str:
+    return _both((adv, ret), env.testing.gae(r, v, gamma=0.99, lam=0.95, dones=d, cu_seqlens=cu), np.float32)
+
+
+def torch_stream_prep_check(env: Env) -> str:
+    """int32 offsets are copied to int64 and the outputs allocated on the caller's stream.
+
+    Otherwise the kernel (on torch's non-blocking side stream) could read the
+    offsets before the copy has run.  CuPy's default stream is kept busy
+    meanwhile, so work queued there would land late.
+    """
+    torch, cp = env.torch, env.cp
+    cu, r, v, d = _torch_packed(env, 400)
+    big = cp.ones(2**28, dtype=cp.float32)  # 1 GiB
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with cp.cuda.Stream.null:
+        for _ in range(60):  # ~60 x 0.5 ms queued on CuPy's default stream
+            big *= 1.0000001
+    with torch.cuda.stream(s):
+        adv, ret = env.gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, cu_seqlens=cu, backend="cuda")
+        adv, ret = adv.clone(), ret.clone()  # on s: what the kernel wrote, before anything else
+    s.synchronize()
+    torch.cuda.synchronize()
+    del big
+    return _packed_err(env, cu, r, v, d, adv, ret)
+
+
+def torch_time_major_check(env: Env) -> str:
+    torch = env.torch
+    r = torch.randn(3000, 256, device="cuda", dtype=torch.float64)
+    v = torch.randn(3000, 256, device="cuda", dtype=torch.float64)
+    d = torch.rand(3000, 256, device="cuda") < 0.01
+    adv, _ = env.gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, axis=0, backend="cuda")
+    return compare(adv, env.testing.gae(r, v, gamma=0.99, lam=0.95, dones=d, axis=0).advantages, np.float64)
+
+
+def cupy_stream_check(env: Env) -> str:
+    """A call on a non-blocking CuPy stream."""
+    cp = env.cp
+    r, v, d = env.data((8, 2**20), p_done=0.001)
+    cp.cuda.get_current_stream().synchronize()
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        adv, _ = env.gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="cuda")
+    s.synchronize()
+    return compare(adv, env.testing.gae(r, v, gamma=0.99, lam=0.95, dones=d).advantages, np.float32)
+
+
+def no_host_sync_check(env: Env) -> str:
+    """The call returns while its stream is still busy with earlier work."""
+    cp = env.cp
+    r, v, d = env.data((4, 2**22))
+    env.gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="cuda")  # warm (compiled)
+    big = cp.ones(2**28, dtype=cp.float32)  # 1 GiB
+    s = cp.cuda.Stream(non_blocking=True)
+    cp.cuda.Device().synchronize()
+    with s:
+        ev0 = cp.cuda.Event()
+        ev0.record()
+        for _ in range(60):  # ~60 x 0.5 ms of queued work
+            big *= 1.0000001
+        t = time.perf_counter()
+        env.gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="cuda")
+        host_ms = (time.perf_counter() - t) * 1e3
+        pending = not s.done
+        ev1 = cp.cuda.Event()
+        ev1.record()
+    ev1.synchronize()
+    queued_ms = cp.cuda.get_elapsed_time(ev0, ev1)
+    del big
+    if not pending:
+        raise AssertionError(f"stream already idle when the call returned (call took {host_ms:.2f} ms "
+                             f"host time, queued work {queued_ms:.1f} ms): a host sync?")
+    if host_ms > 0.5 * queued_ms:
+        raise AssertionError(f"call took {host_ms:.2f} ms host time behind {queued_ms:.1f} ms of queued work")
+    return f"call returned after {host_ms:.2f} ms with {queued_ms:.1f} ms of work queued; stream still busy"
+
+
+# CUDA graphs: the look-back scratch (and any conversion) of a captured call must
+# outlive the call, since the graph replays with the addresses it captured.
+JUNK = 0x7F7F7F7F
+
+
+def _churn(env: Env, stream: Any) -> list:
+    """Arrays allocated on ``stream`` after a capture: what its freed memory would go to.
+
+    CuPy's pool hands a freed block out again only on the stream that freed it.
+    """
+    cp = env.cp
+    with stream:
+        junk = [cp.full(n, JUNK, dtype=cp.uint32) for n in (1 << 12, 1 << 16, 1 << 20) for _ in range(4)]
+        stream.synchronize()
+    return junk
+
+
+def _intact(junk: list) -> str:
+    if not all(bool((j == JUNK).all()) for j in junk):
+        raise AssertionError("a replay wrote into memory the pool handed out after the capture")
+    return "arrays allocated after the capture intact"
+
+
+def graph_cupy_check(env: Env) -> str:
+    cp = env.cp
+    B, T = 4, 2**20
+    r, v, d = env.data((B, T))
+    adv = cp.empty((B, T), cp.float32)
+    ret = cp.empty((B, T), cp.float32)
+    s = cp.cuda.Stream(non_blocking=True)
+    args = dict(gamma=0.99, lam=0.95, dones=d, out=(adv, ret), backend="cuda")
+    cp.cuda.Device().synchronize()
+    with s:
+        env.gaescan.gae(r, v, **args)  # compiled, and the pool holds this stream's blocks
+        s.synchronize()
+        s.begin_capture()
+        env.gaescan.gae(r, v, **args)
+        graph = s.end_capture()
+    junk = _churn(env, s)
+    msgs = []
+    for _ in range(2):  # new inputs in the same arrays, every replay
+        with s:
+            r[...] = env.normal((B, T))
+            adv.fill(np.nan)
+            graph.launch(s)
+        s.synchronize()
+        msgs.append(_both((adv, ret), env.testing.gae(r, v, gamma=0.99, lam=0.95, dones=d), np.float32))
+    return "look-back captured, replayed twice: " + "; ".join(msgs) + "; " + _intact(junk)
+
+
+def graph_torch_check(env: Env) -> str:
+    """PyTorch's recipe as documented: warm up on a side stream, then capture with torch.cuda.graph's defaults."""
+    torch, cp = env.torch, env.cp
+    cu, r, v, d = _torch_packed(env, 300)
+    N = r.shape[0]
+    adv = torch.empty(N, device="cuda")
+    ret = torch.empty(N, device="cuda")
+    args = dict(gamma=0.99, lam=0.95, dones=d, cu_seqlens=cu, out=(adv, ret), backend="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        env.gaescan.gae(r, v, **args)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        capture_stream = torch.cuda.current_stream().cuda_stream
+        env.gaescan.gae(r, v, **args)  # int32 offsets: a conversion copy inside the graph
+    junk = _churn(env, cp.cuda.ExternalStream(capture_stream))
+    r.copy_(torch.randn(N, device="cuda"))
+    adv.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    return _packed_err(env, cu, r, v, d, adv, ret) + "; " + _intact(junk)
+
+
+FL = dict(fast_lookback=True)
+CL = dict(coalesced_loads=True)
+SH = dict(shared_steps=True)
+PF = dict(prefetch=True, rows_min_blocks=1)
+CT = dict(contiguous_typing=True)
+
+
+def fast_vs_general_check(env: Env) -> str:
+    """The fast look-back and its variants give the general look-back's bits, rows and packed."""
+    from gaescan.backends import cuda as cb
+
+    lens = env.rng.geometric(1 / 5000, size=200)
+    cu = env.cp.asarray(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
+    rp, vp, dp = env.data((int(lens.sum()),))
+    r4, v4, d4 = env.data((8, 2**20))
+    out = []
+    for tun in (dict(), FL, dict(FL, debug_skip_incl=True), dict(FL, **CL), CL, SH, dict(FL, **SH)):
+        with cb.override(**tun):
+            a, _ = env.gaescan.gae(r4, v4, gamma=0.99, lam=0.95, dones=d4, backend="cuda")
+            ap, _ = env.gaescan.gae(rp, vp, gamma=0.99, lam=0.95, dones=dp, cu_seqlens=cu, backend="cuda")
+        out.append(_h(a).tobytes() + _h(ap).tobytes())
+    if any(o != out[0] for o in out):
+        raise AssertionError("the fast look-back (its long walks, coalesced loads or shared steps) "
+                             "changed the bits")
+    return ("bit-identical to the general look-back, also with long walks, coalesced loads and "
+            "shared steps; rows and packed")
+
+
+def _gae(shape: tuple, dtype: Any = np.float32, **fixed: Any) -> Callable[[Env], dict]:
+    """:func:`gae_check` arguments: fixed ones, and arrays drawn when the check runs.
+
+    An entry of ``fixed`` named ``"<arg>"`` whose value is a ``(kind, shape)`` pair in
+    ``{"normal", "flags", "uniform"}`` is drawn from the check's random stream.
+    """
+    def build(env: Env) -> dict:
+        kw: dict[str, Any] = dict(shape=shape, dtype=dtype)
+        for k, x in fixed.items():
+            if isinstance(x, tuple) and x and x[0] == "normal":
+                x = env.normal(x[1], dtype)
+            elif isinstance(x, tuple) and x and x[0] == "flags":
+                x = env.flags(x[2], x[1])
+            elif isinstance(x, tuple) and x and x[0] == "uniform":
+                x = env.uniform(x[2], x[3], x[1])
+            kw[k] = x
+        return kw
+    return build
+
+
+def _args(**kw: Any) -> Callable[[Env], dict]:
+    return lambda env: dict(kw)
+
+
+def _packed(**kw: Any) -> Callable[[Env], dict]:
+    return lambda env: packed_kw(env, **kw)
+
+
+def correctness_cases(n_long: int) -> list[CheckCase]:
+    """The table of correctness checks; ``n_long`` is the length of the "few long rows" cases."""
+    C = CheckCase
+    N = n_long
+    long_mixed = _gae((3, 300001), mask=("flags", (3, 300001), 0.7), gamma=("uniform", (3, 1), 0.9, 1.0),
+                      lam=("uniform", (3, 300001), 0.8, 1.0), last_value=("normal", 3))
+    tm_lv = _gae((4096, 512), axis=0, last_value=("normal", 512))
+    rows_lv = _gae((2048, 2000), last_value=("normal", 2048))
+    cases = [
+        # Regime: many rows.
+        C("gae many rows B=512 T=300 f32 dones", gae_check, _gae((512, 300))),
+        C("gae many rows B=2048 T=2000 f32 dones lv[B]", gae_check, rows_lv),
+        # Regime: few long rows (look-back), bit-identical repeat.
+        C(f"gae few long rows B=4 T={N} f32 dones (repeat)", gae_check, _gae((4, N), repeat=True)),
+        C("gae long rows B=3 T=300001 f32 mask+gamma[B,1]+lam[B,T]+lv[B]", gae_check, long_mixed),
+        C("gae single row T=1000003 f64 gamma=lam=1", gae_check, _gae((1000003,), np.float64, gamma=1.0, lam=1.0)),
+        # last_advantage (the carry-in of sequence-parallel slices): both drivers and packed.
+        C("gae last_advantage[B] + lv[B], B=2048 T=2000 f32 (rows driver)", gae_check,
+          _gae((2048, 2000), last_value=("normal", 2048), last_advantage=("normal", 2048))),
+        C("gae last_advantage[B] B=3 T=300001 f32 mask, gamma=lam=1 (look-back driver)", gae_check,
+          _gae((3, 300001), gamma=1.0, lam=1.0, mask=("flags", (3, 300001), 0.7), last_advantage=("normal", 3))),
+        # Packed cu_seqlens (empty, one-step and a giant segment), mask, per-segment last_value.
+        C("gae packed cu_seqlens S=300 N~1.3M f32 mask lv[S] last_advantage[S] (repeat)", gae_check,
+          _packed(repeat=True)),
+        C("gae packed cu_seqlens int32 offsets, f64", gae_check, _packed(dtype=np.float64, cu_dtype=np.int32)),
+        # Regime: many short rows.
+        C("gae short rows B=65536 T=16 f32 dones", gae_check, _gae((65536, 16), p_done=0.1)),
+        C("gae short rows B=4000 T=1 f32", gae_check, _gae((4000, 1))),
+        C("gae 3-D batch (8,64,700) axis=-1 f32", gae_check, _gae((8, 64, 700))),
+        # Time-major layouts.
+        C("gae time-major axis=0 T=4096 B=512 f32 dones lv[B]", gae_check, tm_lv),
+        C("gae time-major axis=0 T=50000 B=8 f32", gae_check, _gae((50000, 8), axis=0)),
+        C("gae time-major axis=0 T=64 B=20000 f64", gae_check, _gae((64, 20000), np.float64, axis=0)),
+        # Dtypes.
+        C("gae f16 inputs -> f32 B=64 T=5000", gae_check, _gae((64, 5000), np.float16)),
+        C("gae f64 B=64 T=50000", gae_check, _gae((64, 50000), np.float64)),
+        # terminated + truncated + next_values.
+        C("gae terminated+truncated(uint8)+next_values B=16 T=20000 f32", tt_check,
+          _args(dtype=np.float32, shape=(16, 20000))),
+        C("gae terminated+truncated+next_values B=2 T=2^20 f64", tt_check, _args(dtype=np.float64, shape=(2, 2**20))),
+        C("gae look-back long walks + block-per-row driver B=4 T=2^20", walks_check),
+        C("gae NaN does not cross a done (look-back regime)", nan_iso_check),
+        C("gae out= preallocated B=256 T=3000", outs_check),
+        C("discounted_returns B=1024 T=1000 dones", rets_check, _args(shape=(1024, 1000))),
+        C("discounted_returns B=2 T=2^21 dones", rets_check, _args(shape=(2, 2**21))),
+        C("discounted_returns time-major T=3000 B=700", rets_check, _args(shape=(3000, 700), axis=0)),
+        C("discounted_returns packed mask lv[S]", rets_check, _args(shape=None, packed=True)),
+        C("linear_scan forward a[B,T] B=512 T=4000", scans_check, _args(shape=(512, 4000), reverse=False, a_arr=True)),
+        C("linear_scan reverse a scalar B=3 T=2^21", scans_check, _args(shape=(3, 2**21), reverse=True)),
+        C("linear_scan forward a scalar B=3 T=2^21", scans_check, _args(shape=(3, 2**21), reverse=False)),
+        C("linear_scan forward time-major T=5000 B=300", scans_check,
+          _args(shape=(5000, 300), reverse=False, axis=0)),
+        # PyTorch inputs and streams.
+        C("torch CUDA tensors B=64 T=30000 f32", torch_case_check, needs_torch=True),
+        C("torch non-default stream B=8 T=2^20", torch_stream_check, needs_torch=True),
+        C("torch side stream, int32 cu_seqlens, CuPy's default stream busy", torch_stream_prep_check,
+          needs_torch=True),
+        C("torch time-major axis=0 f64 T=3000 B=256", torch_time_major_check, needs_torch=True),
+        C("cupy non-default stream B=8 T=2^20", cupy_stream_check),
+        C("no host synchronisation (queued work, streamQuery)", no_host_sync_check),
+        C("CUDA graph (CuPy capture) gae look-back B=4 T=2^20 out=", graph_cupy_check),
+        C("CUDA graph (torch.cuda.graph) packed int32 cu_seqlens out=", graph_torch_check, needs_torch=True),
+    ]
+    # The experimental direct launch (tunable "direct_launch"): same kernels, same stream.
+    DL = dict(direct_launch=True)
+    cases += [
+        C("direct launch: gae many rows B=512 T=300 f32 dones", gae_check, _gae((512, 300)), DL),
+        C("direct launch: gae few long rows B=4 T=2^20 f32 dones (repeat)", gae_check,
+          _gae((4, 2**20), repeat=True), DL),
+        C("direct launch: packed f32 mask lv[S]", gae_check, _packed(), DL),
+        C("direct launch: cupy non-default stream B=8 T=2^20", cupy_stream_check, None, DL),
+        C("direct launch: no host synchronisation", no_host_sync_check, None, DL),
+    ]
     # The experimental raw launch (tunable "raw_launch"): parameters packed in Python,
     # cuLaunchKernel through CuPy.  Every dtype and option changes the parameter list.
-    def raw(case):
-        return variant(case, raw_launch=True)
-    check("raw launch: gae many rows B=512 T=300 f32 dones", raw(gae_case((512, 300))))
-    check("raw launch: gae few long rows B=4 T=2^20 f32 dones (repeat)",
-          raw(gae_case((4, 2**20), repeat=True)))
-    check("raw launch: gae f64 time-major axis=0 T=3000 B=256",
-          raw(gae_case((3000, 256), np.float64, axis=0)))
-    check("raw launch: gae f16 inputs B=64 T=5000", raw(gae_case((64, 5000), np.float16)))
-    check("raw launch: packed f32 mask lv[S]", raw(packed()))
-    check("raw launch: terminated+truncated+next_values B=16 T=20000", raw(tt(np.float32, (16, 20000))))
-    check("raw launch: discounted_returns B=1024 T=1000", raw(rets((1024, 1000))))
-    check("raw launch: linear_scan forward a[B,T] B=512 T=4000", raw(scans((512, 4000), False, a_arr=True)))
-    check("raw launch: cupy non-default stream B=8 T=2^20", raw(cupy_stream))
-    check("raw launch: no host synchronisation", raw(no_host_sync))
-    if torch is not None and torch.cuda.is_available():
-        check("raw launch: torch non-default stream B=8 T=2^20", raw(torch_stream))
-
+    RL = dict(raw_launch=True)
+    cases += [
+        C("raw launch: gae many rows B=512 T=300 f32 dones", gae_check, _gae((512, 300)), RL),
+        C("raw launch: gae few long rows B=4 T=2^20 f32 dones (repeat)", gae_check,
+          _gae((4, 2**20), repeat=True), RL),
+        C("raw launch: gae f64 time-major axis=0 T=3000 B=256", gae_check, _gae((3000, 256), np.float64, axis=0), RL),
+        C("raw launch: gae f16 inputs B=64 T=5000", gae_check, _gae((64, 5000), np.float16), RL),
+        C("raw launch: packed f32 mask lv[S]", gae_check, _packed(), RL),
+        C("raw launch: terminated+truncated+next_values B=16 T=20000", tt_check,
+          _args(dtype=np.float32, shape=(16, 20000)), RL),
+        C("raw launch: discounted_returns B=1024 T=1000", rets_check, _args(shape=(1024, 1000)), RL),
+        C("raw launch: linear_scan forward a[B,T] B=512 T=4000", scans_check,
+          _args(shape=(512, 4000), reverse=False, a_arr=True), RL),
+        C("raw launch: cupy non-default stream B=8 T=2^20", cupy_stream_check, None, RL),
+        C("raw launch: no host synchronisation", no_host_sync_check, None, RL),
+        C("raw launch: torch non-default stream B=8 T=2^20", torch_stream_check, None, RL, needs_torch=True),
+    ]
     # The experimental kernel variants (tunables "prefetch", "fast_lookback", "contiguous_typing",
-    # "coalesced_loads").
-    pf = dict(prefetch=True, rows_min_blocks=1)
-    check("prefetch: gae rows B=512 T=3000 f32 dones (3 tiles per row, repeat)",
-          variant(gae_case((512, 3000), repeat=True), **pf))
-    check("prefetch: gae rows B=256 T=131072 f32 dones, threads=256",
-          variant(gae_case((256, 131072)), threads=256, **pf))
-    check("prefetch: gae rows f16 inputs B=64 T=5000", variant(gae_case((64, 5000), np.float16), **pf))
-    check("prefetch: gae rows f64 B=64 T=50000", variant(gae_case((64, 50000), np.float64), **pf))
-    check("prefetch: packed f32 mask lv[S] (one row)", variant(packed(), **pf))
-    check("prefetch: terminated+truncated+next_values B=16 T=20000", variant(tt(np.float32, (16, 20000)), **pf))
-    check("prefetch: discounted_returns B=1024 T=1000", variant(rets((1024, 1000)), **pf))
-    check("prefetch: linear_scan forward a[B,T] B=512 T=4000", variant(scans((512, 4000), False, a_arr=True), **pf))
-    fl = dict(fast_lookback=True)
-    check(f"fast look-back: gae B=4 T={N_LONG} f32 dones (repeat)", variant(gae_case((4, N_LONG), repeat=True), **fl))
-    check("fast look-back: gae B=256 T=131072 f32 dones, threads=256",
-          variant(gae_case((256, 131072)), threads=256, **fl))
-    check("fast look-back: gae f16 inputs B=4 T=2^20", variant(gae_case((4, 2**20), np.float16), **fl))
-    check("fast look-back: terminated+truncated+next_values B=2 T=2^20",
-          variant(tt(np.float32, (2, 2**20)), **fl))
-    check("fast look-back: discounted_returns B=2 T=2^21", variant(rets((2, 2**21)), **fl))
-    check("fast look-back: discounted_returns packed mask lv[S]", variant(rets(None, packed_=True), **fl))
-    check("fast look-back: linear_scan forward B=3 T=2^21", variant(scans((3, 2**21), False), **fl))
-    check("fast look-back: linear_scan reverse B=3 T=2^21", variant(scans((3, 2**21), True), **fl))
-    ct = dict(contiguous_typing=True)
-    check(f"contiguous typing + fast look-back: gae B=4 T={N_LONG} f32 dones (repeat)",
-          variant(gae_case((4, N_LONG), repeat=True), **ct, **fl))
-    check("contiguous typing: gae many rows B=2048 T=2000 f32 dones lv[B]",
-          variant(gae_case((2048, 2000), last_value=cp.asarray(rng.standard_normal(2048).astype(np.float32))), **ct))
-    check("contiguous typing: gae time-major axis=0 T=4096 B=512 (strided: the A kernel)",
-          variant(gae_case((4096, 512), axis=0), **ct))
-    check("contiguous typing + prefetch: gae rows f16 inputs B=64 T=5000",
-          variant(gae_case((64, 5000), np.float16), **ct, **pf))
+    # "coalesced_loads", "shared_steps").
+    cases += [
+        C("prefetch: gae rows B=512 T=3000 f32 dones (3 tiles per row, repeat)", gae_check,
+          _gae((512, 3000), repeat=True), PF),
+        C("prefetch: gae rows B=256 T=131072 f32 dones, threads=256", gae_check, _gae((256, 131072)),
+          dict(PF, threads=256)),
+        C("prefetch: gae rows f16 inputs B=64 T=5000", gae_check, _gae((64, 5000), np.float16), PF),
+        C("prefetch: gae rows f64 B=64 T=50000", gae_check, _gae((64, 50000), np.float64), PF),
+        C("prefetch: packed f32 mask lv[S] (one row)", gae_check, _packed(), PF),
+        C("prefetch: terminated+truncated+next_values B=16 T=20000", tt_check,
+          _args(dtype=np.float32, shape=(16, 20000)), PF),
+        C("prefetch: discounted_returns B=1024 T=1000", rets_check, _args(shape=(1024, 1000)), PF),
+        C("prefetch: linear_scan forward a[B,T] B=512 T=4000", scans_check,
+          _args(shape=(512, 4000), reverse=False, a_arr=True), PF),
+        C(f"fast look-back: gae B=4 T={N} f32 dones (repeat)", gae_check, _gae((4, N), repeat=True), FL),
+        C("fast look-back: gae B=256 T=131072 f32 dones, threads=256", gae_check, _gae((256, 131072)),
+          dict(FL, threads=256)),
+        C("fast look-back: gae f16 inputs B=4 T=2^20", gae_check, _gae((4, 2**20), np.float16), FL),
+        C("fast look-back: terminated+truncated+next_values B=2 T=2^20", tt_check,
+          _args(dtype=np.float32, shape=(2, 2**20)), FL),
+        C("fast look-back: discounted_returns B=2 T=2^21", rets_check, _args(shape=(2, 2**21)), FL),
+        C("fast look-back: discounted_returns packed mask lv[S]", rets_check, _args(shape=None, packed=True), FL),
+        C("fast look-back: linear_scan forward B=3 T=2^21", scans_check, _args(shape=(3, 2**21), reverse=False), FL),
+        C("fast look-back: linear_scan reverse B=3 T=2^21", scans_check, _args(shape=(3, 2**21), reverse=True), FL),
+        C(f"contiguous typing + fast look-back: gae B=4 T={N} f32 dones (repeat)", gae_check,
+          _gae((4, N), repeat=True), dict(CT, **FL)),
+        C("contiguous typing: gae many rows B=2048 T=2000 f32 dones lv[B]", gae_check, rows_lv, CT),
+        C("contiguous typing: gae time-major axis=0 T=4096 B=512 (strided: the A kernel)", gae_check,
+          _gae((4096, 512), axis=0), CT),
+        C("contiguous typing + prefetch: gae rows f16 inputs B=64 T=5000", gae_check,
+          _gae((64, 5000), np.float16), dict(CT, **PF)),
+        C(f"coalesced loads: gae few long rows B=4 T={N} f32 dones (repeat)", gae_check,
+          _gae((4, N), repeat=True), CL),
+        C(f"coalesced loads + fast look-back: gae B=4 T={N} f32 dones (repeat)", gae_check,
+          _gae((4, N), repeat=True), dict(CL, **FL)),
+        C("coalesced loads: gae rows B=2048 T=2000 f16 inputs", gae_check, _gae((2048, 2000), np.float16), CL),
+        C("coalesced loads: gae rows f64 B=64 T=50000", gae_check, _gae((64, 50000), np.float64), CL),
+        C("coalesced loads: gae time-major axis=0 T=4096 B=8 (4 rows per warp)", gae_check,
+          _gae((4096, 8), axis=0), CL),
+        C("coalesced loads: packed f32 mask lv[S]", gae_check, _packed(), CL),
+        C("coalesced loads: terminated+truncated+next_values B=16 T=20000", tt_check,
+          _args(dtype=np.float32, shape=(16, 20000)), CL),
+        C("coalesced loads: discounted_returns B=1024 T=1000", rets_check, _args(shape=(1024, 1000)), CL),
+        C("coalesced loads + fast look-back: linear_scan forward a[B,T] B=3 T=2^21", scans_check,
+          _args(shape=(3, 2**21), reverse=False, a_arr=True), dict(CL, **FL)),
+        C(f"shared steps: gae few long rows B=4 T={N} f32 dones (repeat)", gae_check,
+          _gae((4, N), repeat=True), SH),
+        C(f"shared steps + fast look-back, k=16: gae B=4 T={N} f32 dones (repeat)", gae_check,
+          _gae((4, N), repeat=True), dict(SH, k=16, **FL)),
+        C("shared steps + fast look-back: gae B=256 T=131072 f32 dones", gae_check, _gae((256, 131072)),
+          dict(SH, **FL)),
+        C("shared steps: gae rows B=2048 T=2000 f16 inputs", gae_check, _gae((2048, 2000), np.float16), SH),
+        C("shared steps: gae rows f64 B=64 T=50000", gae_check, _gae((64, 50000), np.float64), SH),
+        C("shared steps: gae rows B=2048 T=2000 f32 mask", gae_check,
+          _gae((2048, 2000), mask=("flags", (2048, 2000), 0.8)), SH),
+        C("shared steps: gae time-major axis=0 T=8192 B=512 (one time-thread per warp)", gae_check,
+          _gae((8192, 512), axis=0), SH),
+        C("shared steps: gae time-major axis=0 T=4096 B=8 (4 rows per warp)", gae_check,
+          _gae((4096, 8), axis=0), SH),
+        C("shared steps: gae long rows B=3 T=300001 f32 mask+gamma[B,1]+lam[B,T]+lv[B]", gae_check,
+          long_mixed, SH),
+        C("shared steps: packed f32 mask lv[S]", gae_check, _packed(), SH),
+        C("shared steps + fast look-back: discounted_returns packed mask lv[S]", rets_check,
+          _args(shape=None, packed=True), dict(SH, **FL)),
+        C("shared steps: terminated+truncated+next_values B=16 T=20000", tt_check,
+          _args(dtype=np.float32, shape=(16, 20000)), SH),
+        C("shared steps: discounted_returns B=1024 T=1000", rets_check, _args(shape=(1024, 1000)), SH),
+        C("shared steps + fast look-back: discounted_returns B=2 T=2^21", rets_check, _args(shape=(2, 2**21)),
+          dict(SH, **FL)),
+        C("shared steps + fast look-back: linear_scan forward a[B,T] B=3 T=2^21", scans_check,
+          _args(shape=(3, 2**21), reverse=False, a_arr=True), dict(SH, **FL)),
+        C("shared steps: linear_scan reverse B=512 T=4000", scans_check, _args(shape=(512, 4000), reverse=True), SH),
+        C("fast look-back, coalesced loads, shared steps == general look-back, B=8 T=2^20, packed S=200",
+          fast_vs_general_check),
+    ]
+    return cases
 
-    cl = dict(coalesced_loads=True)
-    check(f"coalesced loads: gae few long rows B=4 T={N_LONG} f32 dones (repeat)",
-          variant(gae_case((4, N_LONG), repeat=True), **cl))
-    check(f"coalesced loads + fast look-back: gae B=4 T={N_LONG} f32 dones (repeat)",
-          variant(gae_case((4, N_LONG), repeat=True), **cl, **fl))
-    check("coalesced loads: gae rows B=2048 T=2000 f16 inputs",
-          variant(gae_case((2048, 2000), np.float16), **cl))
-    check("coalesced loads: gae rows f64 B=64 T=50000", variant(gae_case((64, 50000), np.float64), **cl))
-    check("coalesced loads: gae time-major axis=0 T=4096 B=8 (4 rows per warp)",
-          variant(gae_case((4096, 8), axis=0), **cl))
-    check("coalesced loads: packed f32 mask lv[S]", variant(packed(), **cl))
-    check("coalesced loads: terminated+truncated+next_values B=16 T=20000",
-          variant(tt(np.float32, (16, 20000)), **cl))
-    check("coalesced loads: discounted_returns B=1024 T=1000", variant(rets((1024, 1000)), **cl))
-    check("coalesced loads + fast look-back: linear_scan forward a[B,T] B=3 T=2^21",
-          variant(scans((3, 2**21), False, a_arr=True), **cl, **fl))
 
-    sh = dict(shared_steps=True)
-    check(f"shared steps: gae few long rows B=4 T={N_LONG} f32 dones (repeat)",
-          variant(gae_case((4, N_LONG), repeat=True), **sh))
-    check(f"shared steps + fast look-back, k=16: gae B=4 T={N_LONG} f32 dones (repeat)",
-          variant(gae_case((4, N_LONG), repeat=True), k=16, **sh, **fl))
-    check("shared steps + fast look-back: gae B=256 T=131072 f32 dones",
-          variant(gae_case((256, 131072)), **sh, **fl))
-    check("shared steps: gae rows B=2048 T=2000 f16 inputs",
-          variant(gae_case((2048, 2000), np.float16), **sh))
-    check("shared steps: gae rows f64 B=64 T=50000", variant(gae_case((64, 50000), np.float64), **sh))
-    check("shared steps: gae rows B=2048 T=2000 f32 mask",
-          variant(gae_case((2048, 2000), mask=cp.asarray(rng.random((2048, 2000)) < 0.8)), **sh))
-    check("shared steps: gae time-major axis=0 T=8192 B=512 (one time-thread per warp)",
-          variant(gae_case((8192, 512), axis=0), **sh))
-    check("shared steps: gae time-major axis=0 T=4096 B=8 (4 rows per warp)",
-          variant(gae_case((4096, 8), axis=0), **sh))
-    check("shared steps: gae long rows B=3 T=300001 f32 mask+gamma[B,1]+lam[B,T]+lv[B]",
-          variant(gae_case((3, 300001), mask=cp.asarray(rng.random((3, 300001)) < 0.7),
-                           gamma=cp.asarray(rng.uniform(0.9, 1.0, (3, 1)).astype(np.float32)),
-                           lam=cp.asarray(rng.uniform(0.8, 1.0, (3, 300001)).astype(np.float32)),
-                           last_value=cp.asarray(rng.standard_normal(3).astype(np.float32))), **sh))
-    check("shared steps: packed f32 mask lv[S]", variant(packed(), **sh))
-    check("shared steps + fast look-back: discounted_returns packed mask lv[S]",
-          variant(rets(None, packed_=True), **sh, **fl))
-    check("shared steps: terminated+truncated+next_values B=16 T=20000",
-          variant(tt(np.float32, (16, 20000)), **sh))
-    check("shared steps: discounted_returns B=1024 T=1000", variant(rets((1024, 1000)), **sh))
-    check("shared steps + fast look-back: discounted_returns B=2 T=2^21",
-          variant(rets((2, 2**21)), **sh, **fl))
-    check("shared steps + fast look-back: linear_scan forward a[B,T] B=3 T=2^21",
-          variant(scans((3, 2**21), False, a_arr=True), **sh, **fl))
-    check("shared steps: linear_scan reverse B=512 T=4000", variant(scans((512, 4000), True), **sh))
+def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool, select: str | None = None) -> None:
+    """Run the table of correctness checks (those whose name contains ``select``, if given)."""
+    env = Env(cp=cp, gaescan=gaescan, torch=torch, rng=np.random.default_rng(1234),
+              n_long=2**22 if not quick else 2**18)
+    have_torch = torch is not None and torch.cuda.is_available()
+    if not have_torch:
+        print("SKIP  torch checks (torch with CUDA not available)")
+    for case in correctness_cases(env.n_long):
+        if (case.needs_torch and not have_torch) or (select is not None and select not in case.name):
+            continue
+        check(case.name, functools.partial(case.run, env))
 
-    def fast_vs_general():
-        lens = rng.geometric(1 / 5000, size=200)
-        cu = cp.asarray(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
-        N = int(lens.sum())
-        rp, vp, dp = data((N,))
-        r4, v4, d4 = data((8, 2**20))
-        out = []
-        for tun in (dict(), fl, dict(fl, debug_skip_incl=True), dict(fl, **cl), cl, sh, dict(fl, **sh)):
-            with cb.override(**tun):
-                a, _ = gaescan.gae(r4, v4, gamma=0.99, lam=0.95, dones=d4, backend="cuda")
-                ap, _ = gaescan.gae(rp, vp, gamma=0.99, lam=0.95, dones=dp, cu_seqlens=cu, backend="cuda")
-            out.append(_h(a).tobytes() + _h(ap).tobytes())
-        if any(o != out[0] for o in out):
-            raise AssertionError("the fast look-back (its long walks, coalesced loads or shared steps) "
-                                 "changed the bits")
-        return ("bit-identical to the general look-back, also with long walks, coalesced loads and "
-                "shared steps; rows and packed")
-    check("fast look-back, coalesced loads, shared steps == general look-back, B=8 T=2^20, packed S=200",
-          fast_vs_general)
 
 
 # --------------------------------------------------------------------------- timing
@@ -1132,6 +1042,8 @@ def sweep(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
     """
     from gaescan.backends import cuda as cb
 
+    from .. import testing
+
     try:
         props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     except Exception:  # noqa: BLE001
@@ -1143,7 +1055,7 @@ def sweep(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
     print("[mode K options | registers, shared memory, local memory per thread (spills) -> blocks per SM]:")
     for label, B, T, settings in sweep_shapes(quick):
         r, v, d, a0, r0 = _gae_arrays(cp, rng, (B, T), 0.001)
-        ea, _ = ref_gae(r, v, 0.99, 0.95, out_dtype=np.float32, dones=d)
+        ea = testing.gae(r, v, gamma=0.99, lam=0.95, dones=d).advantages
         parts = []
         times = []  # (ms, name) of the settings that ran and were right
         t_first = None
@@ -1276,7 +1188,7 @@ def main(argv: list | None = None) -> int:
 
     def warm():
         t = time.perf_counter()
-        _oracles()
+        _compiled_references()
         x = cp.ones((2, 64), cp.float32)
         gaescan.gae(x, x, gamma=0.9, lam=0.9, dones=x > 0, backend="cuda")
         cp.cuda.get_current_stream().synchronize()

@@ -125,10 +125,10 @@ class Case:
     def reference(self) -> tuple[np.ndarray, np.ndarray]:
         """The float64 reference ``(advantages, returns)``, computed once."""
         if self._ref is None:
-            from .reference import reference_gae
+            from .. import testing
 
-            self._ref = reference_gae(self.r, self.v, GAMMA, LAM, out_dtype=self.dtype, dones=self.dones,
-                                      mask=self.mask, cu_seqlens=self.cu, axis=self.axis)
+            self._ref = tuple(testing.gae(self.r, self.v, gamma=GAMMA, lam=LAM, dones=self.dones,
+                                          mask=self.mask, cu_seqlens=self.cu, axis=self.axis))
         return self._ref
 
     def batch_major(self, x: Any) -> Any:
@@ -489,6 +489,38 @@ def _progress(total: int, enabled: bool) -> Any:
     return Plain()
 
 
+def check(got: Any, want: np.ndarray, out_dtype: Any) -> tuple[bool, str]:
+    """Compare a method's result with the float64 reference.
+
+    Parameters
+    ----------
+    got : array
+        The method's output (NumPy or CuPy), in ``want``'s layout.
+    want : numpy.ndarray
+        The float64 reference of :mod:`gaescan.testing`.
+    out_dtype : dtype
+        The dtype the method was asked to produce: it sets the tolerance
+        (:func:`gaescan.testing.tolerance`); a result of another float dtype
+        is compared after a cast to it.
+
+    Returns
+    -------
+    (bool, str)
+        Whether it is correct, and the relative L2 error or what is wrong.
+    """
+    from .. import testing
+
+    dtype = np.dtype(out_dtype)
+    if hasattr(got, "get") and not isinstance(got, np.ndarray):
+        got = got.get()
+    got = np.asarray(got).astype(dtype, copy=False)
+    try:
+        err = testing.assert_close(got, want, dtype=dtype)
+    except AssertionError as exc:
+        return False, str(exc)
+    return True, f"rel.err {err:.1e}"
+
+
 def run(config: Config) -> dict[str, Any]:
     """Run every (case, method) cell.
 
@@ -500,8 +532,6 @@ def run(config: Config) -> dict[str, Any]:
         failed the check; no time), ``"n/a"`` (method does not solve the case)
         or ``"error"`` (the method raised).
     """
-    from .reference import check
-
     notes = config.notes
     methods = select_methods(config.methods, notes)
     gpu_ok = None
