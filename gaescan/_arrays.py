@@ -36,7 +36,15 @@ def library_of(x: Any) -> str:
     ``"cuda"`` (another ``__cuda_array_interface__`` producer) or
     ``"scalar"``.
     """
-    if type(x) is np.ndarray or isinstance(x, np.ndarray):
+    if type(x) is np.ndarray:
+        return "numpy"
+    if isinstance(x, np.ndarray):
+        if isinstance(x, np.ma.MaskedArray):
+            raise TypeError(
+                "masked arrays (numpy.ma) are not supported: their mask would be ignored; pass "
+                "x.filled(fill_value), or for gae and discounted_returns the data x.data with "
+                "mask=~numpy.ma.getmaskarray(x)"
+            )
         return "numpy"
     if isinstance(x, _SCALAR_TYPES):
         return SCALAR
@@ -100,6 +108,9 @@ class Context:
 
     library: str
     on_device: bool
+    exact: bool = False
+    """Every argument is a NumPy ndarray (exactly), a Python scalar or ``None``:
+    the compute views are the arguments themselves."""
 
     @property
     def xp(self) -> Any:
@@ -133,19 +144,24 @@ class Context:
             return torch.from_numpy(y) if not self.on_device else torch.from_dlpack(y)
         return y
 
-    @contextlib.contextmanager
-    def stream(self) -> Iterator[None]:
+    def stream(self) -> contextlib.AbstractContextManager[None]:
         """Make the caller's current stream CuPy's current stream for the call.
 
         PyTorch users launch on ``torch.cuda.current_stream()``; CuPy users
-        already have CuPy's current stream.  Host calls need nothing.  While
-        that stream captures a CUDA graph, the call's allocations are kept
-        (see :func:`keeping_if_captured`).
+        already have CuPy's current stream.  Host calls need nothing (a shared
+        null context).  While that stream captures a CUDA graph, the call's
+        allocations are kept (see
+        :func:`gaescan.backends._cuda_graphs.keeping_if_captured`).
         """
         if not self.on_device:
-            yield
-            return
+            return _HOST_STREAM
+        return self._device_stream()
+
+    @contextlib.contextmanager
+    def _device_stream(self) -> Iterator[None]:
         cp = _import_cupy()
+        from .backends._cuda_graphs import keeping_if_captured
+
         with contextlib.ExitStack() as stack:
             if self.library == "torch":
                 import torch
@@ -154,88 +170,42 @@ class Context:
             stack.enter_context(keeping_if_captured(cp.cuda.get_current_stream().ptr))
             yield
 
-    @contextlib.contextmanager
-    def call(self, named: Mapping[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
+    def call(self, named: Mapping[str, Any]) -> _Views:
         """The compute namespace and views of a call's arguments, on the caller's stream.
 
-        Everything the call does inside, conversions and allocations included,
-        runs on the caller's stream (see :meth:`stream`): work queued on another
-        stream would not be ordered before the kernel (PyTorch's side streams are
-        non-blocking).
+        A context manager: everything the call does inside, conversions and
+        allocations included, runs on the caller's stream (see :meth:`stream`):
+        work queued on another stream would not be ordered before the kernel
+        (PyTorch's side streams are non-blocking).
         """
-        with self.stream():
-            yield self.xp, {k: self.to_compute(x) for k, x in named.items()}
+        return _Views(self, named)
 
 
-# --------------------------------------------------------------------------- CUDA graphs
-
-#: Memory allocated by calls captured into CUDA graphs.  A graph keeps the addresses
-#: it was captured with and may be replayed at any time, so that memory (look-back
-#: records, conversions, outputs gaescan allocated) never goes back to the pool: it
-#: is kept for the life of the process.
-CAPTURED: list[Any] = []
-
-# cudaErrorStreamCaptureImplicit: the legacy stream was queried while another
-# stream captures (so the call, on the legacy stream, is not being captured).
-_CAPTURE_IMPLICIT = 906
+_HOST_STREAM = contextlib.nullcontext()
 
 
-def stream_capturing(ptr: int) -> bool:
-    """Whether the CUDA stream ``ptr`` is capturing a graph (a query, not a synchronisation)."""
-    cp = _import_cupy()
-    try:
-        return bool(cp.cuda.runtime.streamIsCapturing(ptr))
-    except cp.cuda.runtime.CUDARuntimeError as exc:
-        if getattr(exc, "status", None) == _CAPTURE_IMPLICIT:
-            return False
-        raise
+class _Views:
+    """:meth:`Context.call`'s context manager: enters the stream, then converts."""
 
+    __slots__ = ("ctx", "named", "stream")
 
-@contextlib.contextmanager
-def keeping_if_captured(ptr: int) -> Iterator[None]:
-    """While stream ``ptr`` captures a CUDA graph, keep what is allocated inside.
+    def __init__(self, ctx: Context, named: Mapping[str, Any]):
+        self.ctx, self.named = ctx, named
 
-    CuPy's stream-ordered pool (``MemoryAsyncPool``) needs nothing: under capture
-    its allocations and frees become nodes of the graph itself.  Any other
-    allocator's memory is kept in :data:`CAPTURED`, and is taken with the
-    thread's capture mode relaxed, as PyTorch's allocator does: in the default
-    ("global") mode of ``torch.cuda.graph`` CUDA refuses ``cudaMalloc`` during
-    capture, and a pool that keeps its blocks will need new ones.
-    """
-    if not stream_capturing(ptr):
-        yield
-        return
-    cp = _import_cupy()
-    malloc = cp.cuda.get_allocator()
-    if isinstance(getattr(malloc, "__self__", None), getattr(cp.cuda, "MemoryAsyncPool", ())):
-        yield
-        return
-    with cp.cuda.using_allocator(_kept(malloc)):
-        yield
+    def __enter__(self) -> tuple[Any, Mapping[str, Any]]:
+        ctx = self.ctx
+        self.stream = ctx.stream()
+        self.stream.__enter__()
+        try:
+            if ctx.exact:
+                return np, self.named
+            return ctx.xp, {k: ctx.to_compute(x) for k, x in self.named.items()}
+        except BaseException:
+            self.stream.__exit__(None, None, None)
+            raise
 
-
-def _kept(malloc: Any) -> Any:
-    """``malloc``, with the capture mode relaxed, keeping every allocation in :data:`CAPTURED`."""
-    def kept(size: int) -> Any:
-        with _relaxed_capture():
-            mem = malloc(size)
-        CAPTURED.append(mem)
-        return mem
-    return kept
-
-
-@contextlib.contextmanager
-def _relaxed_capture() -> Iterator[None]:
-    """This thread's stream-capture mode set to relaxed (cudaThreadExchangeStreamCaptureMode)."""
-    from cuda.bindings import runtime as rt  # the CUDA Python bindings numba-cuda depends on
-
-    err, prev = rt.cudaThreadExchangeStreamCaptureMode(rt.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed)
-    if err != rt.cudaError_t.cudaSuccess:
-        raise RuntimeError(f"cudaThreadExchangeStreamCaptureMode failed: {err}")
-    try:
-        yield
-    finally:
-        rt.cudaThreadExchangeStreamCaptureMode(prev)
+    def __exit__(self, *exc: Any) -> Any:
+        return self.stream.__exit__(*exc)
 
 
 def _import_cupy() -> Any:
@@ -247,6 +217,13 @@ def _import_cupy() -> Any:
             "toolkit: pip install 'gaescan[cuda12]' or 'gaescan[cuda13]'"
         ) from exc
     return cupy
+
+
+_EXACT_NUMPY = Context("numpy", False, exact=True)
+
+
+def _no_array() -> Context:
+    raise TypeError("no array argument given: pass the data as an array, not only scalars")
 
 
 def resolve(named: Mapping[str, Any]) -> Context:
@@ -263,6 +240,15 @@ def resolve(named: Mapping[str, Any]) -> Context:
     TypeError
         When arrays of different libraries or devices are mixed, naming them.
     """
+    arrays = False
+    for x in named.values():
+        t = type(x)
+        if t is np.ndarray:
+            arrays = True
+        elif x is not None and t is not float and t is not int and t is not bool:
+            break
+    else:
+        return _EXACT_NUMPY if arrays else _no_array()
     seen: dict[str, str] = {}  # description -> first parameter name
     libs: set[str] = set()
     for name, x in named.items():
@@ -274,6 +260,8 @@ def resolve(named: Mapping[str, Any]) -> Context:
             raise TypeError(f"{name!r}: {exc}") from None
         if lib == SCALAR:
             continue
+        if lib == "torch":
+            _check_tensor(x, name)
         desc = _describe(lib, _device_of(x, lib))
         seen.setdefault(desc, name)
         libs.add(lib)
@@ -284,7 +272,7 @@ def resolve(named: Mapping[str, Any]) -> Context:
             "convert them first (e.g. numpy.asarray, cupy.asarray or torch.as_tensor(..., device=...))"
         )
     if not libs:
-        raise TypeError("no array argument given: pass the data as an array, not only scalars")
+        _no_array()
     (lib,) = libs
     if lib == "dask":
         # gae, discounted_returns and linear_scan route Dask arrays to the Dask
@@ -298,6 +286,28 @@ def resolve(named: Mapping[str, Any]) -> Context:
         (desc,) = seen
         return Context("torch", on_device="cpu" not in desc)
     return Context(lib, on_device=lib in ("cupy", "cuda"))
+
+
+def _check_tensor(x: Any, name: str) -> None:
+    """A PyTorch tensor a call can read: on the CPU or a CUDA device, outside autograd.
+
+    The scans are not differentiable, so a result computed from a tensor that
+    requires grad would silently leave the autograd graph: such a tensor is
+    refused, and the caller detaches it explicitly.
+    """
+    device = getattr(x, "device", None)
+    kind = getattr(device, "type", None)
+    if kind not in ("cpu", "cuda"):
+        raise TypeError(
+            f"{name!r} is a PyTorch tensor on device {str(device)!r}; gaescan reads CPU and CUDA "
+            "tensors (a 'meta' tensor holds no data): move it with .to('cpu') or .to('cuda')"
+        )
+    if getattr(x, "requires_grad", False):
+        raise ValueError(
+            f"{name!r} requires grad, but gaescan's scans are not differentiable: the result would "
+            f"be cut from the autograd graph; pass {name}.detach() (advantages and returns are "
+            "targets, computed without gradients)"
+        )
 
 
 def may_overlap(xp: Any, a: Any, b: Any) -> bool:

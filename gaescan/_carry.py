@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _api
+from . import _dispatch
 from . import _validate as v
 from ._arrays import SCALAR, Context, library_of, resolve
 
@@ -59,11 +59,14 @@ class ScanSummary(NamedTuple):
 
 
 @contextlib.contextmanager
-def _prepared(named: dict[str, Any]) -> Iterator[tuple[Context, Any, dict[str, Any]]]:
-    """The call's context, namespace and compute views, on the caller's stream throughout."""
+def _prepared(named: dict[str, Any], backend: str | None = None
+              ) -> Iterator[tuple[Context, Any, dict[str, Any], str | None]]:
+    """The call's context, namespace, compute views and chosen backend (when ``backend``
+    is given), on the caller's stream throughout."""
     ctx = resolve(named)
+    name = None if backend is None else _dispatch.choose(backend, ctx)
     with ctx.call(named) as (xp, c):
-        yield ctx, xp, c
+        yield ctx, xp, c, name
 
 
 def _is_array(x: Any) -> bool:
@@ -143,6 +146,42 @@ def _combine(xp: Any, decay: Any, head: Any, carry: Any) -> Any:
         return xp.where(decay == 0, head, head + decay * carry)
 
 
+# ---------------------------------------------------------------- summaries on resolved views
+#
+# The public summaries below and the Dask backend's block tasks compute through
+# these: ``c`` holds views in the compute namespace ``xp`` and ``name`` is the
+# chosen backend (see :func:`gaescan._dispatch.run_gae`).
+
+
+def _handed_back(ctx: Context, s: ScanSummary) -> ScanSummary:
+    return ScanSummary(ctx.from_compute(s.decay), ctx.from_compute(s.head))
+
+
+def gae_summary_of(xp: Any, name: str, c: dict[str, Any], axis: Any) -> ScanSummary:
+    """:func:`gae_summary` on resolved views, in ``xp``."""
+    adv, _ = _dispatch.run_gae(xp, name, c, axis)
+    layout = v.layout_of(tuple(adv.shape), axis)
+    decay = _decay_product(xp, layout, adv.dtype, [c["gamma"], c["lam"]],
+                           [c.get("dones"), c.get("terminated"), c.get("truncated")], c.get("mask"))
+    return ScanSummary(decay, _head(xp, layout, adv, c.get("mask")))
+
+
+def returns_summary_of(xp: Any, name: str, c: dict[str, Any], axis: Any) -> ScanSummary:
+    """:func:`returns_summary` on resolved views, in ``xp``."""
+    g = _dispatch.run_returns(xp, name, c, axis)
+    layout = v.layout_of(tuple(g.shape), axis)
+    decay = _decay_product(xp, layout, g.dtype, [c["gamma"]], [c.get("dones")], c.get("mask"))
+    return ScanSummary(decay, _head(xp, layout, g, c.get("mask")))
+
+
+def scan_summary_of(xp: Any, name: str, c: dict[str, Any], reverse: bool, axis: Any) -> ScanSummary:
+    """:func:`scan_summary` on resolved views (``reverse`` already checked), in ``xp``."""
+    y = _dispatch.run_scan(xp, name, c, reverse, axis)
+    layout = v.layout_of(tuple(y.shape), axis)
+    decay = _decay_product(xp, layout, y.dtype, [c["a"]], [], None)
+    return ScanSummary(decay, _head(xp, layout, y, None, last=not reverse))
+
+
 # ---------------------------------------------------------------- summaries
 
 
@@ -199,17 +238,8 @@ def gae_summary(
     named = dict(rewards=rewards, values=values, next_values=next_values, last_value=last_value,
                  dones=dones, terminated=terminated, truncated=truncated, mask=mask,
                  gamma=gamma, lam=lam)
-    with _prepared(named) as (ctx, xp, c):
-        res = _api.gae(c["rewards"], c["values"], gamma=c["gamma"], lam=c["lam"],
-                       next_values=c["next_values"], last_value=c["last_value"], dones=c["dones"],
-                       terminated=c["terminated"], truncated=c["truncated"], mask=c["mask"],
-                       axis=axis, backend=backend)
-        adv = res.advantages
-        layout = v.layout_of(tuple(adv.shape), axis)
-        decay = _decay_product(xp, layout, adv.dtype, [c["gamma"], c["lam"]],
-                               [c["dones"], c["terminated"], c["truncated"]], c["mask"])
-        head = _head(xp, layout, adv, c["mask"])
-        return ScanSummary(ctx.from_compute(decay), ctx.from_compute(head))
+    with _prepared(named, backend) as (ctx, xp, c, name):
+        return _handed_back(ctx, gae_summary_of(xp, name, c, axis))
 
 
 def returns_summary(
@@ -245,13 +275,8 @@ def returns_summary(
     Cost: one ``discounted_returns`` call on the slice plus one reduction.
     """
     named = dict(rewards=rewards, dones=dones, mask=mask, gamma=gamma)
-    with _prepared(named) as (ctx, xp, c):
-        g = _api.discounted_returns(c["rewards"], gamma=c["gamma"], dones=c["dones"], mask=c["mask"],
-                                    axis=axis, backend=backend)
-        layout = v.layout_of(tuple(g.shape), axis)
-        decay = _decay_product(xp, layout, g.dtype, [c["gamma"]], [c["dones"]], c["mask"])
-        head = _head(xp, layout, g, c["mask"])
-        return ScanSummary(ctx.from_compute(decay), ctx.from_compute(head))
+    with _prepared(named, backend) as (ctx, xp, c, name):
+        return _handed_back(ctx, returns_summary_of(xp, name, c, axis))
 
 
 def scan_summary(
@@ -287,14 +312,9 @@ def scan_summary(
     -----
     Cost: one ``linear_scan`` call plus, for array ``a``, one product reduction.
     """
-    if not isinstance(reverse, bool):
-        raise TypeError(f"reverse must be a bool, got {reverse!r}")
-    with _prepared(dict(a=a, b=b)) as (ctx, xp, c):
-        y = _api.linear_scan(c["a"], c["b"], reverse=reverse, axis=axis, backend=backend)
-        layout = v.layout_of(tuple(y.shape), axis)
-        decay = _decay_product(xp, layout, y.dtype, [c["a"]], [], None)
-        head = _head(xp, layout, y, None, last=not reverse)
-        return ScanSummary(ctx.from_compute(decay), ctx.from_compute(head))
+    reverse = v.reverse_flag(reverse)
+    with _prepared(dict(a=a, b=b), backend) as (ctx, xp, c, name):
+        return _handed_back(ctx, scan_summary_of(xp, name, c, reverse, axis))
 
 
 def bootstrap_summary(values: Any, *, mask: Any = None, axis: int = -1) -> ScanSummary:
@@ -327,31 +347,38 @@ def bootstrap_summary(values: Any, *, mask: Any = None, axis: int = -1) -> ScanS
         ``(decay, head)`` of the batch shape, float64 if ``values`` is float64,
         else float32.
     """
-    with _prepared(dict(values=values, mask=mask)) as (ctx, xp, c):
-        val = v.data_array(xp, c["values"], "values")
-        if val is None:
-            raise TypeError("values is a required array")
-        m = v.data_array(xp, c["mask"], "mask")
-        v.check_same_shape("values", val, mask=m)
-        dtype = v.result_dtype(val)
-        layout = v.layout_of(tuple(val.shape), axis)
-        if layout.R == 0 or layout.T == 0:
-            head = xp.zeros(layout.batch_shape, dtype=dtype)
-            decay = xp.ones(layout.batch_shape, dtype=dtype)
+    if values is None:
+        raise TypeError("bootstrap_summary needs values, the array V_t on the slice; got None")
+    with _prepared(dict(values=values, mask=mask)) as (ctx, xp, c, _):
+        return _handed_back(ctx, bootstrap_summary_of(xp, c, axis))
+
+
+def bootstrap_summary_of(xp: Any, c: dict[str, Any], axis: Any) -> ScanSummary:
+    """:func:`bootstrap_summary` on resolved views ``c`` (``values``, ``mask``), in ``xp``."""
+    val = v.data_array(xp, c["values"], "values")
+    if val is None:
+        raise TypeError("values is a required array")
+    m = v.data_array(xp, c["mask"], "mask")
+    v.check_same_shape("values", val, mask=m)
+    dtype = v.result_dtype(val)
+    layout = v.layout_of(tuple(val.shape), axis)
+    if layout.R == 0 or layout.T == 0:
+        head = xp.zeros(layout.batch_shape, dtype=dtype)
+        decay = xp.ones(layout.batch_shape, dtype=dtype)
+    else:
+        rows = layout.rows(xp, val)
+        if m is None:
+            head = rows[:, 0].astype(dtype)
+            decay = xp.zeros(layout.R, dtype=dtype)
         else:
-            rows = layout.rows(xp, val)
-            if m is None:
-                head = rows[:, 0].astype(dtype)
-                decay = xp.zeros(layout.R, dtype=dtype)
-            else:
-                valid = layout.rows(xp, m) != 0
-                anyv = xp.any(valid, axis=1)
-                h = xp.take_along_axis(rows, xp.argmax(valid, axis=1)[:, None], axis=1)[:, 0].astype(dtype)
-                head = xp.where(anyv, h, dtype.type(0))
-                decay = xp.where(anyv, dtype.type(0), dtype.type(1))
-            head = xp.ascontiguousarray(head).reshape(layout.batch_shape)
-            decay = decay.reshape(layout.batch_shape)
-        return ScanSummary(ctx.from_compute(decay), ctx.from_compute(head))
+            valid = layout.rows(xp, m) != 0
+            anyv = xp.any(valid, axis=1)
+            h = xp.take_along_axis(rows, xp.argmax(valid, axis=1)[:, None], axis=1)[:, 0].astype(dtype)
+            head = xp.where(anyv, h, dtype.type(0))
+            decay = xp.where(anyv, dtype.type(0), dtype.type(1))
+        head = xp.ascontiguousarray(head).reshape(layout.batch_shape)
+        decay = decay.reshape(layout.batch_shape)
+    return ScanSummary(decay, head)
 
 
 # ---------------------------------------------------------------- the carry pass
@@ -416,8 +443,7 @@ def carry_in(summaries: Any, boundary: Any = None, *, reverse: bool = True) -> A
     ...                 gaescan.discounted_returns(r[:, 2:], gamma=0.5, last_value=c[1])], axis=1)
     array([[1.875, 1.75 , 1.5  , 1.   ]])
     """
-    if not isinstance(reverse, bool):
-        raise TypeError(f"reverse must be a bool, got {reverse!r}")
+    reverse = v.reverse_flag(reverse)
     is_seq = (
         isinstance(summaries, Sequence) and not isinstance(summaries, (str, bytes)) and len(summaries) > 0
         and all(isinstance(s, tuple) for s in summaries)
@@ -436,9 +462,21 @@ def carry_in(summaries: Any, boundary: Any = None, *, reverse: bool = True) -> A
             "summaries must be a ScanSummary of stacked (k, *batch) arrays or a non-empty sequence of "
             f"ScanSummary, got {type(summaries).__name__}"
         )
-    with _prepared(named) as (ctx, xp, c):
+    with _prepared(named) as (ctx, xp, c, _):
         if is_seq:
             k = len(summaries)
+            shapes = {}
+            for i in range(k):
+                for f in ("decay", "head"):
+                    x = c[f"summaries[{i}].{f}"]
+                    shapes[f"summaries[{i}].{f}"] = tuple(getattr(x, "shape", ()))
+            first = shapes["summaries[0].decay"]
+            for nm, sh in shapes.items():
+                if sh != first:
+                    raise ValueError(
+                        f"{nm} has shape {sh} but summaries[0].decay has shape {first}; the summaries of "
+                        "one carry_in call must cover the same rows (one batch shape), each slice of every row"
+                    )
             decay = xp.stack([xp.asarray(c[f"summaries[{i}].decay"]) for i in range(k)])
             head = xp.stack([xp.asarray(c[f"summaries[{i}].head"]) for i in range(k)])
         else:

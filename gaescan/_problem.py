@@ -22,12 +22,16 @@ Conventions that every backend relies on:
   1-D array of length ``nseg``;
 * outputs are writable ``(R, T)`` views of ``dtype`` that overlap no input; a
   backend writes every element of them (zeros at masked positions).
+
+A problem is built once per call and read, never changed, by the backend
+(``dataclasses.replace`` makes sub-problems); its classes use slots and no
+frozen checks, which cost on every small call.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 import numpy as np
 
@@ -64,7 +68,7 @@ class Rows:
     nseg: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class GAEProblem:
     """``A_t = δ_t + γ_t λ_t (1 − done_t) A_{τ(t)}``, ``R_t = A_t + V_t``.
 
@@ -90,7 +94,7 @@ class GAEProblem:
     last_advantage: Coeff = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ReturnsProblem:
     """``G_t = r_t + γ_t (1 − done_t) G_{τ(t)}``, ``G`` past the end = ``last_value``."""
 
@@ -103,7 +107,7 @@ class ReturnsProblem:
     returns: Array
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ScanProblem:
     """``y_t = a_t y_{t∓1} + b_t`` (``reverse`` picks ``t+1``), boundary ``initial``."""
 
@@ -113,3 +117,12 @@ class ScanProblem:
     reverse: bool
     initial: Coeff
     out: Array
+
+
+class GAEResult(NamedTuple):
+    """Result of :func:`gaescan.gae`."""
+
+    advantages: Any
+    """``A_t``, the generalised advantage estimates."""
+    returns: Any
+    """``R_t = A_t + V_t``, the TD(λ) returns (value-function targets)."""

@@ -143,24 +143,38 @@ def check_same_shape(ref_name: str, ref: Any, **others: Any) -> None:
             )
 
 
-def coefficient(
-    xp: Any, g: Any, name: str, shape: tuple, layout: Layout, dtype: np.dtype, unit_range: bool
-) -> Any:
-    """A Python float rounded to ``dtype``, or an ``(R, T)`` view broadcast from ``g``."""
-    if g is None:
-        raise TypeError(f"{name!r} is required")
-    if _is_scalar(g):
+def reverse_flag(reverse: Any) -> bool:
+    """``linear_scan``'s ``reverse``: a Python or NumPy bool (or a 0-d bool array)."""
+    if reverse is True or reverse is False:
+        return reverse
+    if isinstance(reverse, np.bool_) or (
+            getattr(reverse, "dtype", None) == np.bool_ and getattr(reverse, "ndim", None) == 0):
+        return bool(reverse)
+    raise TypeError(f"reverse must be a bool, got {reverse!r}")
+
+
+def scalar_coefficient(g: Any, name: str, dtype: np.dtype, unit_range: bool) -> float:
+    """A scalar coefficient, checked (type, and [0, 1] when ``unit_range``) and rounded to ``dtype``."""
+    if type(g) is not float:
         if isinstance(g, (bool, np.bool_)) or not isinstance(g, (numbers.Real, np.number, np.ndarray)):
             raise TypeError(f"{name!r} must be a real number or an array, got {g!r}")
         if isinstance(g, np.ndarray):
             _check_numeric(g, name)
-        value = float(g)
-        if unit_range and not 0.0 <= value <= 1.0:
-            raise ValueError(f"{name!r} must lie in [0, 1], got {value!r}")
-        return float(dtype.type(value))
+        g = float(g)
+    if unit_range and not 0.0 <= g <= 1.0:
+        raise ValueError(f"{name!r} must lie in [0, 1], got {g!r}")
+    return float(dtype.type(g))
+
+
+def check_coefficient_array(g: Any, name: str, shape: tuple, unit_range: bool, host: bool) -> None:
+    """An array coefficient: numeric, broadcastable to ``shape``, and (``host`` only) in [0, 1].
+
+    Device and lazy arrays are not range-checked here: reading their values
+    would synchronise with the device or compute the graph.
+    """
     _check_numeric(g, name)
     try:
-        full = np.broadcast_shapes(tuple(g.shape), shape)
+        full = np.broadcast_shapes(tuple(g.shape), tuple(shape))
     except ValueError:
         full = None
     if full != tuple(shape):
@@ -168,11 +182,21 @@ def coefficient(
             f"{name!r} of shape {tuple(g.shape)} does not broadcast to the input shape "
             f"{tuple(shape)} (use a scalar, a per-row shape such as (B, 1), or the full shape)"
         )
-    if unit_range and xp is np and g.size:
-        # Host arrays only: a device check would synchronise with the host.
+    if unit_range and host and g.size:
         lo, hi = np.min(g), np.max(g)
         if np.isnan(lo) or np.isnan(hi) or lo < 0 or hi > 1:
             raise ValueError(f"every element of {name!r} must lie in [0, 1] (got min {lo}, max {hi})")
+
+
+def coefficient(
+    xp: Any, g: Any, name: str, shape: tuple, layout: Layout, dtype: np.dtype, unit_range: bool
+) -> Any:
+    """A Python float rounded to ``dtype``, or an ``(R, T)`` view broadcast from ``g``."""
+    if g is None:
+        raise TypeError(f"{name!r} is required")
+    if _is_scalar(g):
+        return scalar_coefficient(g, name, dtype, unit_range)
+    check_coefficient_array(g, name, shape, unit_range, host=xp is np)
     return layout.rows(xp, xp.broadcast_to(g, shape))
 
 
@@ -235,7 +259,7 @@ def make_rows(xp: Any, dtype: np.dtype, layout: Layout, cu: Any) -> Rows:
 # --------------------------------------------------------------------------- outputs
 
 
-@dataclass
+@dataclass(slots=True)
 class Output:
     """One output: the array the caller gets, and the rows view a backend writes."""
 
@@ -261,6 +285,11 @@ def outputs(
             raise ValueError(f"out must be a sequence of {count} arrays (one per output)")
         for i, o in enumerate(arrays):
             name = f"out[{i}]" if count > 1 else "out"
+            if o is None or _is_scalar(o):
+                raise TypeError(
+                    f"{name} must be an array, got {o!r}; pass {'all ' + str(count) if count > 1 else 'an'} "
+                    "output array(s), or out=None to allocate the result"
+                )
             if tuple(o.shape) != tuple(layout.shape) or o.dtype != dtype:
                 raise ValueError(
                     f"{name} must have the result's shape {tuple(layout.shape)} and dtype {dtype}, "

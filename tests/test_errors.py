@@ -365,3 +365,100 @@ def test_complex_flags_or_coefficients(backend):
         backend.gae(ok, ok, gamma=0.9, lam=0.9, dones=np.array([1j, 0]))
     with pytest.raises(TypeError):
         backend.gae(ok, ok, gamma=np.array([0.5 + 0j, 0.5]), lam=0.9)
+
+
+# ---------------------------------------------------------------------- unclear inputs made clear
+
+
+def test_out_pair_with_a_none_names_the_output(rv):
+    r, v = rv
+    with pytest.raises(TypeError, match=r"out\[0\] must be an array, got None"):
+        gaescan.gae(r, v, gamma=0.9, lam=0.9, out=(None, np.empty_like(r)))
+    with pytest.raises(TypeError, match=r"out\[1\] must be an array"):
+        gaescan.gae(r, v, gamma=0.9, lam=0.9, out=(np.empty_like(r), None))
+
+
+@pytest.mark.parametrize("where", ["rewards", "dones"])
+def test_masked_arrays_are_refused_with_the_fix(rv, where):
+    r, v = rv
+    args = dict(rewards=r, values=v, dones=np.zeros((B, T), bool))
+    args[where] = np.ma.masked_array(args[where], mask=np.zeros((B, T), bool))
+    with pytest.raises(TypeError, match=rf"'{where}'.*masked arrays.*filled.*mask="):
+        gaescan.gae(args["rewards"], args["values"], gamma=0.9, lam=0.9, dones=args["dones"])
+    with pytest.raises(TypeError, match="masked arrays"):
+        gaescan.linear_scan(0.5, np.ma.masked_array(r))
+    with pytest.raises(TypeError, match="masked arrays"):
+        gaescan.returns_summary(np.ma.masked_array(r), gamma=0.9)
+
+
+def test_torch_meta_tensors_are_refused_by_device():
+    torch = pytest.importorskip("torch")
+    r = torch.zeros((B, T), device="meta")
+    with pytest.raises(TypeError, match=r"'rewards' is a PyTorch tensor on device 'meta'.*\.to\('cpu'\)"):
+        gaescan.gae(r, r, gamma=0.9, lam=0.9)
+    with pytest.raises(TypeError, match="device 'meta'"):
+        gaescan.discounted_returns(r, gamma=0.9)
+
+
+def test_torch_tensors_requiring_grad_are_refused_with_detach():
+    torch = pytest.importorskip("torch")
+    r = torch.zeros((B, T))
+    v = torch.zeros((B, T), requires_grad=True)
+    with pytest.raises(ValueError, match=r"'values' requires grad.*values\.detach\(\)"):
+        gaescan.gae(r, v, gamma=0.9, lam=0.9)
+    with pytest.raises(ValueError, match=r"'b' requires grad"):
+        gaescan.linear_scan(0.5, v)
+    with pytest.raises(ValueError, match="requires grad"):
+        gaescan.bootstrap_summary(v)
+    adv, _ = gaescan.gae(r, v.detach(), gamma=0.9, lam=0.9)  # the documented fix works
+    assert not adv.requires_grad and adv.shape == (B, T)
+
+
+def test_carry_in_of_different_batch_shapes_names_the_summary():
+    s3 = gaescan.ScanSummary(np.ones(3), np.zeros(3))
+    s4 = gaescan.ScanSummary(np.ones(4), np.zeros(4))
+    with pytest.raises(ValueError, match=r"summaries\[1\]\.decay has shape \(4,\).*summaries\[0\]\.decay has shape \(3,\)"):
+        gaescan.carry_in([s3, s4])
+    with pytest.raises(ValueError, match=r"summaries\[0\]\.head has shape \(4,\)"):
+        gaescan.carry_in([gaescan.ScanSummary(np.ones(3), np.zeros(4)), s3])
+
+
+def test_bootstrap_summary_of_none_asks_for_values():
+    with pytest.raises(TypeError, match="bootstrap_summary needs values"):
+        gaescan.bootstrap_summary(None)
+    with pytest.raises(TypeError, match="bootstrap_summary needs values"):
+        gaescan.bootstrap_summary(None, mask=np.ones((B, T), bool))
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None, np.array([True, False])])
+def test_one_reverse_check_everywhere(rv, bad):
+    r, _ = rv
+    for call in (lambda: gaescan.linear_scan(0.5, r, reverse=bad),
+                 lambda: gaescan.scan_summary(0.5, r, reverse=bad),
+                 lambda: gaescan.carry_in([gaescan.ScanSummary(np.ones(3), np.zeros(3))], reverse=bad)):
+        with pytest.raises(TypeError, match="reverse must be a bool"):
+            call()
+    for good in (True, np.bool_(True), np.array(True)):
+        np.testing.assert_array_equal(gaescan.linear_scan(0.5, r, reverse=good),
+                                      gaescan.linear_scan(0.5, r, reverse=True))
+
+
+def test_value_checks_run_on_every_call_of_a_known_structure(rv):
+    # A second call of the same structure starts from the kept plan; the checks
+    # of values (γ, λ in [0, 1], array coefficients, cu_seqlens offsets) still run.
+    r, v = rv
+    gaescan.gae(r, v, gamma=0.9, lam=0.9)
+    with pytest.raises(ValueError, match=r"'gamma' must lie in \[0, 1\], got 1.5"):
+        gaescan.gae(r, v, gamma=1.5, lam=0.9)
+    with pytest.raises(ValueError, match=r"'lam' must lie in \[0, 1\]"):
+        gaescan.gae(r, v, gamma=0.9, lam=float("nan"))
+    g = np.full((B, 1), 0.9, np.float32)
+    gaescan.discounted_returns(r, gamma=g)
+    with pytest.raises(ValueError, match="every element of 'gamma'"):
+        gaescan.discounted_returns(r, gamma=np.full((B, 1), -0.1, np.float32))
+    x = f32(6)
+    gaescan.discounted_returns(x, gamma=0.9, cu_seqlens=np.array([0, 2, 6]))
+    with pytest.raises(ValueError, match="non-decreasing"):
+        gaescan.discounted_returns(x, gamma=0.9, cu_seqlens=np.array([0, 4, 2, 6]))
+    # The same shapes in float64 make a float64 result (dtypes are part of the structure).
+    assert gaescan.gae(r.astype(np.float64), v, gamma=0.9, lam=0.9).advantages.dtype == np.float64

@@ -4,7 +4,6 @@ masks, packing, coefficient shapes, axes, last_value and out=."""
 from __future__ import annotations
 
 import numpy as np
-import oracle
 import pytest
 from conftest import (
     FLAG_MODES,
@@ -20,6 +19,7 @@ from conftest import (
 )
 
 import gaescan
+import gaescan.testing as gt
 
 
 def check_gae(backend, dtype=None, **kw):
@@ -27,9 +27,9 @@ def check_gae(backend, dtype=None, **kw):
     snap = snapshot(kw)
     res = backend.gae(**kw)
     assert isinstance(res, gaescan.GAEResult)
-    ref_adv, ref_ret = oracle.gae_ref(**kw)
+    ref_adv, ref_ret = gt.gae(**kw)
     if dtype is None:
-        dtype = oracle.result_dtype(
+        dtype = gt.result_dtype(
             kw["rewards"], kw["values"], kw.get("next_values"), kw.get("last_value"),
             kw.get("last_advantage"), kw["gamma"], kw["lam"],
         )
@@ -43,6 +43,7 @@ def check_gae(backend, dtype=None, **kw):
 
 
 @pytest.mark.parametrize("mode", FLAG_MODES)
+@pytest.mark.cudasim
 def test_lengths_and_flags(backend, rng, mode):
     """Every length across chunk boundaries, for each way of passing episode ends."""
     for T in backend.lengths():
@@ -57,6 +58,7 @@ def test_lengths_and_flags(backend, rng, mode):
 @pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
 @pytest.mark.parametrize("mode", FLAG_MODES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.cudasim
 def test_flags_masks_dtypes(backend, rng, dtype, mode, masked):
     B, T = (3, 61) if backend.small else (6, 203)
     r = random_data(rng, (B, T), dtype)
@@ -71,6 +73,7 @@ def test_flags_masks_dtypes(backend, rng, dtype, mode, masked):
 
 
 @pytest.mark.parametrize("flag_dtype", [bool, np.int8, np.int32, np.uint8, np.float32, np.float64])
+@pytest.mark.cudasim
 def test_flag_dtypes_nonzero_is_true(backend, rng, flag_dtype):
     B, T = 3, 40
     r, v, nv = (random_data(rng, (B, T)) for _ in range(3))
@@ -105,6 +108,7 @@ def test_flag_dtypes_nonzero_is_true(backend, rng, flag_dtype):
     ],
     ids=lambda x: np.dtype(x).name,
 )
+@pytest.mark.cudasim
 def test_dtypes(backend, rng, r_dtype, v_dtype, expected):
     B, T = 4, 37
     r = random_data(rng, (B, T), r_dtype)
@@ -114,6 +118,7 @@ def test_dtypes(backend, rng, r_dtype, v_dtype, expected):
     assert res.advantages.dtype == res.returns.dtype == expected
 
 
+@pytest.mark.cudasim
 def test_float64_coefficients_and_last_value_force_float64(backend, rng):
     r, v = random_data(rng, (3, 20)), random_data(rng, (3, 20))
     f64 = np.float64
@@ -149,6 +154,7 @@ def _coef(form, rng, B, T, lo, hi, dtype):
 
 @pytest.mark.parametrize("lam_form", COEF_FORMS)
 @pytest.mark.parametrize("gamma_form", COEF_FORMS)
+@pytest.mark.cudasim
 def test_gamma_lam_forms(backend, rng, gamma_form, lam_form):
     B, T = (3, 45) if backend.small else (5, 150)
     r, v = random_data(rng, (B, T)), random_data(rng, (B, T))
@@ -160,6 +166,7 @@ def test_gamma_lam_forms(backend, rng, gamma_form, lam_form):
 
 
 @pytest.mark.parametrize("gamma, lam", [(1.0, 1.0), (0.0, 0.95), (0.99, 0.0), (0.0, 0.0), (1.0, 0.5)])
+@pytest.mark.cudasim
 def test_boundary_coefficients(backend, rng, gamma, lam):
     B, T = 3, 70
     r, v = random_data(rng, (B, T)), random_data(rng, (B, T))
@@ -206,6 +213,7 @@ CU_EXTRAS = ["plain", "dones+mask", "term+trunc", "per-step-coefs", "last_value"
 
 @pytest.mark.parametrize("extra", CU_EXTRAS)
 @pytest.mark.parametrize("packing", PACKINGS)
+@pytest.mark.cudasim
 def test_cu_seqlens(backend, rng, packing, extra):
     cu, n = _packing(packing, rng, backend.small)
     S = len(cu) - 1
@@ -227,6 +235,7 @@ def test_cu_seqlens(backend, rng, packing, extra):
     check_gae(backend, **kw)
 
 
+@pytest.mark.cudasim
 def test_cu_seqlens_equals_separate_rows(backend, rng):
     cu = np.array([0, 7, 7, 20, 21, 64])
     n = 64
@@ -278,6 +287,7 @@ def _layout(layout, rng, small):
 
 @pytest.mark.parametrize("with_extras", [False, True], ids=["plain", "flags+mask+perrow"])
 @pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.cudasim
 def test_axes_and_layouts(backend, rng, layout, with_extras):
     r, v, axis = _layout(layout, rng, backend.small)
     kw = dict(rewards=r, values=v, gamma=0.99, lam=0.9, axis=axis)
@@ -295,6 +305,7 @@ def test_axes_and_layouts(backend, rng, layout, with_extras):
     check_gae(backend, **kw)
 
 
+@pytest.mark.cudasim
 def test_time_major_matches_transposed(backend, rng):
     r, v = random_data(rng, (5, 77)), random_data(rng, (5, 77))
     d = random_flags(rng, (5, 77), 0.1)
@@ -308,6 +319,7 @@ def test_time_major_matches_transposed(backend, rng):
 
 
 @pytest.mark.parametrize("kind", ["scalar", "numpy-scalar", "per-row", "per-row-3d", "done-at-end"])
+@pytest.mark.cudasim
 def test_last_value(backend, rng, kind):
     B, T = 4, 29
     shape = (B, T)
@@ -342,6 +354,7 @@ LAST_ADV = ["scalar", "per-row", "float64-forces-f64", "mask-at-end", "time-majo
 
 
 @pytest.mark.parametrize("kind", LAST_ADV)
+@pytest.mark.cudasim
 def test_last_advantage(backend, rng, kind):
     """A_T = last_advantage carries into the row (a select on done, like every cut)."""
     B, T = 5, 45
@@ -387,6 +400,7 @@ def test_last_advantage(backend, rng, kind):
 
 
 @pytest.mark.parametrize("masked", [False, True], ids=["plain", "mask"])
+@pytest.mark.cudasim
 def test_last_advantage_joins_slices(backend, rng, masked):
     """A row cut in two: the head slice, given the tail's first advantage and value,
     reproduces the whole row (the carry API's contract in its simplest form)."""
@@ -416,6 +430,7 @@ def test_last_advantage_joins_slices(backend, rng, masked):
 
 @pytest.mark.parametrize("out_kind", ["contiguous", "strided", "fortran", "time-major-view"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.cudasim
 def test_out(backend, rng, dtype, out_kind):
     B, T = 5, 53
     r, v = random_data(rng, (B, T), dtype), random_data(rng, (B, T), dtype)
@@ -431,13 +446,14 @@ def test_out(backend, rng, dtype, out_kind):
         outs = (np.full((T, B), 7.0, dtype).T, np.full((T, B), 7.0, dtype).T)
     res = backend.gae(r, v, gamma=0.99, lam=0.95, dones=d, mask=m, out=outs)
     assert res.advantages is outs[0] and res.returns is outs[1]
-    ref_adv, ref_ret = oracle.gae_ref(r, v, gamma=0.99, lam=0.95, dones=d, mask=m)
+    ref_adv, ref_ret = gt.gae(r, v, gamma=0.99, lam=0.95, dones=d, mask=m)
     assert_close(outs[0], ref_adv, dtype)
     assert_close(outs[1], ref_ret, dtype)
     assert_zero_where(outs[0], m)
     assert_zero_where(outs[1], m)
 
 
+@pytest.mark.cudasim
 def test_out_strided_leaves_gaps_alone(backend, rng):
     r, v = random_data(rng, (3, 20)), random_data(rng, (3, 20))
     base_a, base_r = np.full((3, 40), 7.0, np.float32), np.full((3, 40), 7.0, np.float32)
@@ -474,6 +490,7 @@ def test_long_row_flags_mask(cpu_backend, rng):
     [((0,), -1), ((3, 0), -1), ((0, 5), -1), ((0, 5), 0), ((2, 0, 3), 1)],
     ids=str,
 )
+@pytest.mark.cudasim
 def test_zero_size(backend, shape, axis):
     for dtype in (np.float32, np.float64):
         z = np.zeros(shape, dtype)
@@ -482,6 +499,7 @@ def test_zero_size(backend, shape, axis):
             assert isinstance(out, np.ndarray) and out.shape == shape and out.dtype == dtype
 
 
+@pytest.mark.cudasim
 def test_zero_size_packed(backend):
     z = np.zeros(0, np.float32)
     res = backend.gae(z, z, gamma=0.9, lam=0.9, cu_seqlens=np.array([0]))
@@ -514,8 +532,29 @@ def test_deterministic(backend, rng):
         assert again.returns.tobytes() == first.returns.tobytes()
 
 
-def test_auto_backend_is_numba_for_numpy(rng):
+def test_auto_backend_is_numba_for_numpy(rng, monkeypatch):
+    # The commonest call (C-contiguous float32 NumPy, scalar γ and λ, dones)
+    # goes through the dispatcher, which picks "numba", and the numba module runs it.
+    from gaescan import _dispatch
+    from gaescan.backends import numba_cpu
+
+    chosen, ran = [], []
+    real_choose, real_gae = _dispatch.choose, numba_cpu.gae
+    monkeypatch.setattr(_dispatch, "choose", lambda b, ctx: chosen.append(b) or real_choose(b, ctx))
+    monkeypatch.setattr(numba_cpu, "gae", lambda p: ran.append(p.rows.dtype) or real_gae(p))
     r, v = random_data(rng, (3, 50)), random_data(rng, (3, 50))
-    a = gaescan.gae(r, v, gamma=0.9, lam=0.8)
-    b = gaescan.gae(r, v, gamma=0.9, lam=0.8, backend="numba")
+    d = rng.random((3, 50)) < 0.1
+    a = gaescan.gae(r, v, gamma=0.9, lam=0.8, dones=d)
+    assert chosen == ["auto"] and real_choose("auto", _arrays_ctx(r)) == "numba"
+    assert ran == [np.dtype(np.float32)]
+    b = gaescan.gae(r, v, gamma=0.9, lam=0.8, dones=d, backend="numba")
+    assert chosen == ["auto", "numba"] and len(ran) == 2
     assert a.advantages.tobytes() == b.advantages.tobytes()
+    ref = gt.gae(r, v, gamma=0.9, lam=0.8, dones=d)
+    assert_close(a.advantages, ref.advantages, np.float32)
+
+
+def _arrays_ctx(x):
+    from gaescan._arrays import resolve
+
+    return resolve({"x": x})

@@ -20,6 +20,7 @@ import pytest
 import gaescan
 from gaescan import _arrays, _dispatch
 from gaescan import _validate as v
+from gaescan.backends import _cuda_graphs
 
 
 @pytest.fixture
@@ -76,6 +77,7 @@ def test_calls_do_all_their_work_in_the_callers_stream(steps, bk):
     gaescan.discounted_returns(r, gamma=g, dones=d, axis=1, backend=bk)
     gaescan.discounted_returns(r[1, 1, :], gamma=0.9, cu_seqlens=cu, backend=bk)
     gaescan.linear_scan(g, r, axis=1, initial=0.5, backend=bk)
+    gaescan.linear_scan(0.5, r[0].tolist(), backend=bk)  # an array-like: converted in the stream
     s = [gaescan.gae_summary(r[..., :2], val[..., :2], gamma=0.9, lam=0.95, backend=bk),
          gaescan.gae_summary(r[..., 2:], val[..., 2:], gamma=0.9, lam=0.95, backend=bk)]
     gaescan.carry_in(s)
@@ -140,10 +142,10 @@ def fake_cupy(monkeypatch):
         MemoryAsyncPool=type("MemoryAsyncPool", (), {"malloc": lambda self, size: ("async", size)}),
     )
     monkeypatch.setitem(__import__("sys").modules, "cupy", SimpleNamespace(cuda=cuda))
-    monkeypatch.setattr(_arrays, "_relaxed_capture", relaxed)
-    n = len(_arrays.CAPTURED)
+    monkeypatch.setattr(_cuda_graphs, "_relaxed_capture", relaxed)
+    n = len(_cuda_graphs.CAPTURED)
     yield state
-    del _arrays.CAPTURED[n:]
+    del _cuda_graphs.CAPTURED[n:]
 
 
 @pytest.mark.parametrize("capturing", [False, True])
@@ -153,15 +155,15 @@ def test_a_captured_call_keeps_the_memory_it_allocates(fake_cupy, capturing):
     # It is taken in relaxed capture mode: torch.cuda.graph's default mode refuses
     # cudaMalloc, which a pool that cannot reuse its blocks will need.
     fake_cupy["capturing"] = capturing
-    n = len(_arrays.CAPTURED)
+    n = len(_cuda_graphs.CAPTURED)
     base = fake_cupy["allocator"]
     with _arrays.Context("cupy", True).stream():
         mem = fake_cupy["allocator"](256)
     assert fake_cupy["queried"] == [77]  # the stream the call runs on
     if capturing:
-        assert mem == ("mem", 256, "relaxed") and _arrays.CAPTURED[n:] == [mem]
+        assert mem == ("mem", 256, "relaxed") and _cuda_graphs.CAPTURED[n:] == [mem]
     else:
-        assert mem == ("mem", 256, "global") and _arrays.CAPTURED[n:] == []
+        assert mem == ("mem", 256, "global") and _cuda_graphs.CAPTURED[n:] == []
     assert fake_cupy["allocator"] is base  # restored after the call
 
 
@@ -171,17 +173,17 @@ def test_a_stream_ordered_pool_needs_no_keeping(fake_cupy):
     pool = sys.modules["cupy"].cuda.MemoryAsyncPool()
     fake_cupy["allocator"] = pool.malloc
     fake_cupy["capturing"] = True
-    n = len(_arrays.CAPTURED)
+    n = len(_cuda_graphs.CAPTURED)
     with _arrays.Context("cupy", True).stream():
         assert fake_cupy["allocator"] == pool.malloc  # not wrapped
-    assert _arrays.CAPTURED[n:] == []
+    assert _cuda_graphs.CAPTURED[n:] == []
 
 
 def test_only_the_legacy_streams_capture_error_means_not_capturing(fake_cupy):
     # Querying the legacy stream while another stream captures is CUDA error 906:
     # the call (on the legacy stream) is not captured.  Any other error is real.
     fake_cupy["capturing"] = _RuntimeError(906)
-    assert _arrays.stream_capturing(0) is False
+    assert _cuda_graphs.stream_capturing(0) is False
     fake_cupy["capturing"] = _RuntimeError(901)  # e.g. a capture invalidated
     with pytest.raises(_RuntimeError):
-        _arrays.stream_capturing(77)
+        _cuda_graphs.stream_capturing(77)

@@ -44,10 +44,10 @@ try:
 except ImportError:  # pragma: no cover - an old Numba
     from numba import types
 
-from .._arrays import keeping_if_captured
 from .._config import Tunables
 from .._problem import GAEProblem, ReturnsProblem, ScanProblem
 from ..kernels import cuda as kern
+from ._cuda_graphs import keeping_if_captured
 
 if not hasattr(types, "Array"):
     # Numba's built-in CUDA target (no numba-cuda): its numba.cuda.types holds only

@@ -41,9 +41,10 @@ import numpy as np
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
-from .. import _api, _carry, _dispatch
+from .. import _carry, _dispatch
 from .. import _validate as v
 from .._arrays import SCALAR, Context, library_of
+from .._problem import GAEResult
 
 # --------------------------------------------------------------------------- arguments
 
@@ -65,11 +66,19 @@ def _describe(x: Any) -> str:
 
 @dataclass(frozen=True)
 class _Call:
-    """What every block task of one call needs to know (pickled to the workers)."""
+    """What every block task of one call needs to know (pickled to the workers).
+
+    ``backend`` is the backend the dispatcher chose for the chunks; ``on_device``
+    whether they are CuPy chunks (each block then runs on CuPy's current stream).
+    """
 
     axis: int
     backend: str
     dtype: np.dtype
+    on_device: bool = False
+
+    def stream(self) -> Any:
+        return Context("cupy" if self.on_device else "numpy", self.on_device).stream()
 
 
 def _context(named: dict[str, Any], out: Any, backend: str, cu_seqlens: Any) -> Context:
@@ -158,21 +167,8 @@ def _coefficient(g: Any, name: str, ref: Any, dtype: np.dtype, unit_range: bool)
         return v.coefficient(np, g, name, tuple(ref.shape), v.layout_of(tuple(ref.shape), -1), dtype, unit_range)
     if not hasattr(g, "shape"):
         g = np.asarray(g)
-    v._check_numeric(g, name)
     shape = tuple(ref.shape)
-    try:
-        full = np.broadcast_shapes(tuple(g.shape), shape)
-    except ValueError:
-        full = None
-    if full != shape:
-        raise ValueError(
-            f"{name!r} of shape {tuple(g.shape)} does not broadcast to the input shape "
-            f"{shape} (use a scalar, a per-row shape such as (B, 1), or the full shape)"
-        )
-    if unit_range and library_of(g) == "numpy" and g.size:
-        lo, hi = np.min(g), np.max(g)
-        if np.isnan(lo) or np.isnan(hi) or lo < 0 or hi > 1:
-            raise ValueError(f"every element of {name!r} must lie in [0, 1] (got min {lo}, max {hi})")
+    v.check_coefficient_array(g, name, shape, unit_range, host=library_of(g) == "numpy")
     gd = g if library_of(g) == "dask" else _as_dask(g, tuple((n,) for n in g.shape))
     gd = gd.reshape((1,) * (len(shape) - gd.ndim) + tuple(gd.shape)) if gd.ndim < len(shape) else gd
     # Non-broadcast axes take the reference's chunks; broadcast ones are one chunk of 1.
@@ -225,37 +221,50 @@ def _combine(dtype: np.dtype, summary: _carry.ScanSummary, carry: Any) -> Any:
     return _carry._combine(xp, decay, head, carry).astype(dtype, copy=False)
 
 
+def _gae_args(r, val, nv, term, trunc, mask, g, lam, boot, carry=None) -> dict[str, Any]:
+    return dict(rewards=r, values=val, next_values=nv, last_value=boot, last_advantage=carry,
+                terminated=term, truncated=trunc, mask=mask, gamma=g, lam=lam)
+
+
 def _gae_summary(c: _Call, r, val, nv, term, trunc, mask, g, lam, boot):
-    return _carry.gae_summary(r, val, gamma=g, lam=lam, next_values=nv, last_value=boot,
-                              terminated=term, truncated=trunc, mask=mask, axis=c.axis, backend=c.backend)
+    with c.stream():
+        return _carry.gae_summary_of(_xp(r), c.backend, _gae_args(r, val, nv, term, trunc, mask, g, lam, boot),
+                                     c.axis)
 
 
 def _gae_block(c: _Call, r, val, nv, term, trunc, mask, g, lam, boot, carry):
-    adv, ret = _api.gae(r, val, gamma=g, lam=lam, next_values=nv, last_value=boot, last_advantage=carry,
-                        terminated=term, truncated=trunc, mask=mask, axis=c.axis, backend=c.backend)
+    with c.stream():
+        adv, ret = _dispatch.run_gae(_xp(r), c.backend, _gae_args(r, val, nv, term, trunc, mask, g, lam, boot,
+                                                                   carry), c.axis)
     return adv.astype(c.dtype, copy=False), ret.astype(c.dtype, copy=False)
 
 
 def _bootstrap_summary(c: _Call, val, mask):
-    return _carry.bootstrap_summary(val, mask=mask, axis=c.axis)
+    with c.stream():
+        return _carry.bootstrap_summary_of(_xp(val), dict(values=val, mask=mask), c.axis)
 
 
 def _returns_summary(c: _Call, r, dones, mask, g):
-    return _carry.returns_summary(r, gamma=g, dones=dones, mask=mask, axis=c.axis, backend=c.backend)
+    with c.stream():
+        return _carry.returns_summary_of(_xp(r), c.backend, dict(rewards=r, dones=dones, mask=mask, gamma=g),
+                                         c.axis)
 
 
 def _returns_block(c: _Call, r, dones, mask, g, carry):
-    out = _api.discounted_returns(r, gamma=g, dones=dones, mask=mask, last_value=carry, axis=c.axis,
-                                  backend=c.backend)
+    with c.stream():
+        out = _dispatch.run_returns(_xp(r), c.backend,
+                                    dict(rewards=r, dones=dones, mask=mask, gamma=g, last_value=carry), c.axis)
     return out.astype(c.dtype, copy=False)
 
 
 def _scan_summary(c: _Call, reverse, a, b):
-    return _carry.scan_summary(a, b, reverse=reverse, axis=c.axis, backend=c.backend)
+    with c.stream():
+        return _carry.scan_summary_of(_xp(b), c.backend, dict(a=a, b=b), reverse, c.axis)
 
 
 def _scan_block(c: _Call, reverse, a, b, carry):
-    out = _api.linear_scan(a, b, reverse=reverse, initial=carry, axis=c.axis, backend=c.backend)
+    with c.stream():
+        out = _dispatch.run_scan(_xp(b), c.backend, dict(a=a, b=b, initial=carry), reverse, c.axis)
     return out.astype(c.dtype, copy=False)
 
 
@@ -341,7 +350,7 @@ def gae(rewards, values, *, gamma, lam, next_values, last_value, last_advantage,
                  last_advantage=last_advantage, dones=dones, terminated=terminated, truncated=truncated,
                  mask=mask, gamma=gamma, lam=lam)
     ctx = _context(named, out, backend, cu_seqlens)
-    _dispatch.choose(backend, ctx)
+    name = _dispatch.choose(backend, ctx)
     v.check_episode_ends(dones, terminated, truncated, next_values, last_value)
     if rewards is None or values is None:
         raise TypeError("rewards and values are required arrays")
@@ -357,7 +366,7 @@ def gae(rewards, values, *, gamma, lam, next_values, last_value, last_advantage,
     lm = _coefficient(lam, "lam", ref, dtype, True)
     lv = _boundary(last_value, "last_value", ref, ax)
     la = _boundary(last_advantage, "last_advantage", ref, ax)
-    call = _Call(ax, backend, dtype)
+    call = _Call(ax, name, dtype, ctx.on_device)
     token = tokenize("gae", arrs, gamma, lam, last_value, last_advantage, ax, backend,
                      {k: getattr(x, "name", x) for k, x in (("g", g), ("l", lm), ("lv", lv), ("la", la))})
     G = _Graph(ref, ax, call, token)
@@ -384,13 +393,13 @@ def gae(rewards, values, *, gamma, lam, next_values, last_value, last_advantage,
         for idx in idxs:
             G.layer[(final, *idx)] = (partial(_gae_block, call), *inputs(idx), boot[idx], adv_carry[idx])
     adv, ret = G.arrays(final, 2)
-    return _api.GAEResult(adv, ret)
+    return GAEResult(adv, ret)
 
 
 def discounted_returns(rewards, *, gamma, dones, last_value, mask, cu_seqlens, axis, out, backend) -> Any:
     named = dict(rewards=rewards, dones=dones, last_value=last_value, mask=mask, gamma=gamma)
     ctx = _context(named, out, backend, cu_seqlens)
-    _dispatch.choose(backend, ctx)
+    name = _dispatch.choose(backend, ctx)
     if rewards is None:
         raise TypeError("rewards is a required array")
     arrs, _ = _data(dict(rewards=rewards, dones=dones, mask=mask), ["rewards", "dones", "mask"])
@@ -399,7 +408,7 @@ def discounted_returns(rewards, *, gamma, dones, last_value, mask, cu_seqlens, a
     dtype = v.result_dtype(ref, last_value, gamma)
     g = _coefficient(gamma, "gamma", ref, dtype, True)
     lv = _boundary(last_value, "last_value", ref, ax)
-    call = _Call(ax, backend, dtype)
+    call = _Call(ax, name, dtype, ctx.on_device)
     token = tokenize("returns", arrs, gamma, last_value, ax, backend,
                      {k: getattr(x, "name", x) for k, x in (("g", g), ("lv", lv))})
     G = _Graph(ref, ax, call, token)
@@ -418,12 +427,10 @@ def discounted_returns(rewards, *, gamma, dones, last_value, mask, cu_seqlens, a
 
 
 def linear_scan(a, b, *, reverse, initial, axis, out, backend) -> Any:
-    if not isinstance(reverse, bool) and not (hasattr(reverse, "dtype") and reverse.dtype == bool):
-        raise TypeError(f"reverse must be a bool, got {reverse!r}")
-    reverse = bool(reverse)
+    reverse = v.reverse_flag(reverse)
     named = dict(a=a, b=b, initial=initial)
     ctx = _context(named, out, backend, None)
-    _dispatch.choose(backend, ctx)
+    name = _dispatch.choose(backend, ctx)
     if b is None:
         raise TypeError("b is a required array")
     if library_of(b) != "dask" and library_of(a) == "dask" and hasattr(b, "shape") and a.shape == b.shape:
@@ -436,7 +443,7 @@ def linear_scan(a, b, *, reverse, initial, axis, out, backend) -> Any:
     dtype = v.result_dtype(a, ref, initial)
     a_ = _coefficient(a, "a", ref, dtype, False)
     init = _boundary(initial, "initial", ref, ax)
-    call = _Call(ax, backend, dtype)
+    call = _Call(ax, name, dtype, ctx.on_device)
     token = tokenize("scan", arrs, a, initial, reverse, ax, backend,
                      {k: getattr(x, "name", x) for k, x in (("a", a_), ("init", init))})
     G = _Graph(ref, ax, call, token)
