@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import oracle
 import pytest
 
+import gaescan.testing as gt
 from gaescan.bench import cli, runner
-from gaescan.bench.reference import check, reference_gae
+from gaescan.bench.runner import check
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--shapes", "3x70,2x5", "--repeat", "1", "--no-progress"]
@@ -161,24 +161,24 @@ def test_check_catches_errors():
 @pytest.mark.parametrize("flags", ["none", "dones", "masks", "packed"])
 @pytest.mark.parametrize("layout", ["batch-major", "time-major"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_reference_matches_test_oracle(flags, layout, dtype):
-    """The benchmark's float64 reference agrees with the test suite's oracle."""
+def test_reference_is_gaescan_testing(flags, layout, dtype):
+    """The benchmark checks each cell against ``gaescan.testing.gae`` on the case's own arguments."""
     case = runner.Case(3, 41, dtype, layout, flags, seed=5).build()
     case.dones = None if case.dones is None else (np.random.default_rng(1).random(case.r.shape) < 0.1)
     adv, ret = case.reference()
     kw = dict(gamma=runner.GAMMA, lam=runner.LAM, dones=case.dones, mask=case.mask, cu_seqlens=case.cu,
-              axis=case.axis, out_dtype=dtype)
-    ea, er = oracle.gae_ref(case.r, case.v, **kw)
-    np.testing.assert_allclose(adv, ea, rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(ret, er, rtol=1e-12, atol=1e-12)
+              axis=case.axis)
+    ea, er = gt.gae(case.r, case.v, **kw)
+    np.testing.assert_array_equal(adv, ea)
+    np.testing.assert_array_equal(ret, er)
 
 
 def test_reference_layout_roundtrip():
     rng = np.random.default_rng(0)
     r = rng.standard_normal((5, 9)).astype(np.float32)
     v = rng.standard_normal((5, 9)).astype(np.float32)
-    a1, r1 = reference_gae(r, v, 0.9, 0.8, out_dtype=np.float32)
-    a0, r0 = reference_gae(r.T, v.T, 0.9, 0.8, out_dtype=np.float32, axis=0)
+    a1, r1 = gt.gae(r, v, gamma=0.9, lam=0.8)
+    a0, r0 = gt.gae(r.T, v.T, gamma=0.9, lam=0.8, axis=0)
     np.testing.assert_array_equal(a1, a0.T)
     np.testing.assert_array_equal(r1, r0.T)
 
@@ -255,6 +255,59 @@ def test_info(capsys):
     assert data["cpu_count"] >= 1
 
 
+def test_info_states_the_threading_layer_and_its_safety(capsys):
+    from gaescan import _threading
+
+    assert cli.main(["info", "--json"]) == 0
+    nt = json.loads(capsys.readouterr().out)["numba_threading"]
+    assert nt["active_layer"] in ("tbb", "omp", "workqueue")
+    assert nt["active_layer"] == _threading.layer()
+    assert nt["safety"] == _threading.safety(nt["active_layer"])
+    assert cli.main(["info"]) == 0
+    assert f"layer safety: {nt['safety']}" in capsys.readouterr().out
+
+
+def _square(x, out):
+    for i in range(x.shape[0]):
+        out[i] = x[i] * x[i]
+
+
+def _tiny_kernels(monkeypatch):
+    """Replace the kernel registry by one small kernel (fast to compile)."""
+    from numba import types
+
+    from gaescan.kernels import cpu
+
+    monkeypatch.setattr(cpu, "_REGISTRY", [])
+    sigs = [types.void(types.Array(ft, 1, "A", readonly=True), types.Array(ft, 1, "A"))
+            for ft in (types.float32, types.float64)]
+    return cpu.Kernel(_square, sigs)
+
+
+@pytest.mark.parametrize("tqdm", [True, False], ids=["tqdm", "plain"])
+def test_warmup_compiles_every_build_with_progress(capsys, monkeypatch, tqdm):
+    k = _tiny_kernels(monkeypatch)
+    if not tqdm:
+        monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm -> ImportError
+    assert cli.main(["warmup"]) == 0
+    captured = capsys.readouterr()
+    assert "compiled or loaded 2 kernel builds" in captured.out
+    assert ("2/2" in captured.err) and ("_square" in captured.err or tqdm)
+    assert k.compiled(np.float32) and k.compiled(np.float64)
+    x = np.arange(3, dtype=np.float32)
+    out = np.empty_like(x)
+    k(x, out)
+    assert np.array_equal(out, x * x)
+
+
+def test_warmup_quiet(capsys, monkeypatch):
+    _tiny_kernels(monkeypatch)
+    assert cli.main(["warmup", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert "2 kernel builds" in captured.out
+
+
 def test_gpu_check_subcommand_forwards(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["gpu-check", "--help"])
@@ -297,6 +350,29 @@ def test_sweep_reports_the_kernel_a_call_launched():
     assert gc._kernel_resources(kernel) == (78, 14112, 0)
     assert gc._launched_kernel(cb, lambda: None) is None  # no launch (e.g. the simulator)
     assert gc._kernel_resources(None) is None
+
+
+def test_gpu_check_correctness_table():
+    """The correctness checks are rows of one table: unique names, and arguments that build on the host."""
+    import inspect
+
+    import gaescan
+    from gaescan.bench import gpu_check as gc
+
+    cases = gc.correctness_cases(2**10)
+    names = [c.name for c in cases]
+    assert len(names) == len(set(names)) >= 100
+    env = gc.Env(cp=np, gaescan=gaescan, torch=None, rng=np.random.default_rng(0), n_long=2**10)
+    for c in cases:
+        kw = c.kwargs(env) if c.kwargs is not None else {}
+        inspect.signature(c.fn).bind(env, **kw)  # the arguments fit the function
+        assert all(isinstance(k, str) for k in c.tun)
+    # one row run end to end on the CPU: the check function compares with gaescan.testing
+    row = gc.CheckCase("tiny", gc.gae_check, gc._gae((3, 40), mask=("flags", (3, 40), 0.7)))
+    msg = gc.gae_check(env, **dict(row.kwargs(env), backend="numba"))
+    assert msg.startswith("rel.err")
+    with pytest.raises(AssertionError, match="masked position"):
+        gc.compare(np.ones(3, np.float32), np.ones(3), np.float32, mask=np.array([1, 0, 1]))
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

@@ -12,8 +12,7 @@ batch, everything else to the fused batch-major kernel (any strides; rows in
 pairs; below ``SERIAL_MAX_STEPS`` steps on the calling thread).  The rest goes
 to the general kernels: per sequence for batch-major and packed rows, sweeping
 blocks of batch columns for time-major views (``gae_tm``, ``returns_tm``,
-``scan_tm``).  The commonest call of all skips the general validation:
-:func:`gae_host_fast`.
+``scan_tm``).
 
 Copies (documented costs, all O(rows) except the last two): per-row
 coefficient columns and boundary values; data arrays not already of the
@@ -103,30 +102,6 @@ def _const_col(value: float, n: int, dtype: np.dtype) -> np.ndarray:
         col.flags.writeable = False
         _cols[key] = col
     return col
-
-
-def gae_host_fast(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray | None,
-                  mask: np.ndarray | None, gamma: float, lam: float,
-                  last_value: float) -> tuple[np.ndarray, np.ndarray]:
-    """The commonest host call, already validated by the caller: C-contiguous
-    float32/float64 ``rewards`` and ``values`` of one dtype, time on the last
-    axis, 1-byte ``dones`` and ``mask`` or none, scalar γ, λ and ``last_value``."""
-    dt = rewards.dtype
-    shape = rewards.shape
-    T = shape[-1]
-    R = rewards.size // T
-    ft = dt.type
-    term = _NO_FLAGS if dones is None else dones.reshape(R, T).view(np.uint8)
-    valid = _NO_FLAGS if mask is None else mask.reshape(R, T).view(np.uint8)
-    adv = np.empty(shape, dt)
-    ret = np.empty(shape, dt)
-    kernel = _rows_kernel(R, T)
-    v2 = values.reshape(R, T)
-    kernel(rewards.reshape(R, T), v2, v2, False, term, dones is not None, _NO_FLAGS, valid, mask is not None,
-           _const_col(float(ft(gamma)), R, dt), _const_col(float(ft(lam)), R, dt),
-           _const_col(float(ft(last_value)), R, dt), _const_col(0.0, R, dt),
-           adv.reshape(R, T), ret.reshape(R, T))
-    return adv, ret
 
 
 def _rows_kernel(R: int, T: int) -> Any:
@@ -225,16 +200,7 @@ def _sweep_time_major(rows: Rows, x: np.ndarray) -> bool:
             and abs(x.strides[1]) > abs(x.strides[0]))
 
 
-def warmup() -> None:
-    """Load (or compile) every kernel now rather than on the first call."""
-    import gaescan
-
-    for dt in (np.float32, np.float64):
-        x = np.zeros((2, 3), dtype=dt)
-        d = np.zeros((2, 3), dtype=bool)
-        gaescan.gae(x, x, gamma=0.9, lam=0.9, dones=d, backend="numba")
-        gaescan.gae(x.T, x.T, gamma=0.9, lam=0.9, dones=d.T, axis=0, backend="numba")
-        gaescan.gae(x, x, gamma=0.9, lam=0.9, mask=~d, backend="numba")
-        gaescan.gae(x.T, x.T, gamma=0.9, lam=0.9, next_values=x.T, truncated=d.T, axis=0, backend="numba")
-        gaescan.discounted_returns(x, gamma=0.9, backend="numba")
-        gaescan.linear_scan(0.5, x, backend="numba")
+def warmup(progress: Any = None) -> int:
+    """Compile (or load from the disk cache) every kernel build now rather
+    than on first use; see :func:`gaescan.kernels.cpu.compile_all`."""
+    return cpu.compile_all(progress)

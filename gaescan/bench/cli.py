@@ -1,4 +1,4 @@
-"""The ``gaescan`` command: ``gaescan bench``, ``gaescan info``, ``gaescan gpu-check``.
+"""The ``gaescan`` command: ``gaescan bench``, ``info``, ``warmup``, ``gpu-check``.
 
 This module imports only :mod:`argparse` at import time; each subcommand
 imports what it needs when it runs (NumPy for the options, Numba and the
@@ -137,16 +137,56 @@ def run_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_warmup(args: argparse.Namespace) -> int:
+    """Compile every CPU kernel build into Numba's disk cache, with progress
+    on stderr (a tqdm bar if tqdm is installed, else a counter line)."""
+    import time
+
+    from ..kernels import cpu
+
+    total = sum(1 for _ in cpu.builds())
+    bar = None
+    if not args.quiet:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, desc="gaescan warmup", unit="kernel", file=sys.stderr)
+        except ImportError:
+            bar = None
+
+    def progress(done: int, n: int, name: str) -> None:
+        if args.quiet:
+            return
+        if bar is not None:
+            bar.set_postfix_str(name, refresh=False)
+            bar.update(1)
+        else:
+            end = "\n" if done == n else ""
+            print(f"\rgaescan warmup: {done}/{n} {name:<48s}", end=end, file=sys.stderr, flush=True)
+
+    t0 = time.perf_counter()
+    try:
+        n = cpu.compile_all(progress)
+    finally:
+        if bar is not None:
+            bar.close()
+    print(f"compiled or loaded {n} kernel builds in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``gaescan`` argument parser with its subcommands."""
     ap = argparse.ArgumentParser(prog="gaescan", description="gaescan command-line tools")
-    sub = ap.add_subparsers(dest="command", metavar="{bench,info,gpu-check}")
+    sub = ap.add_subparsers(dest="command", metavar="{bench,info,warmup,gpu-check}")
     pb = sub.add_parser("bench", help="time GAE methods on this machine (the published table)",
                         description=_BENCH_DESCRIPTION,
                         epilog=_BENCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_bench_arguments(pb)
     pi = sub.add_parser("info", help="versions, available backends, threads, CUDA device, kernel cache")
     pi.add_argument("--json", action="store_true", help="print JSON")
+    pw = sub.add_parser("warmup", help="compile every CPU kernel into Numba's disk cache now "
+                                       "(for images that want the cache baked in)")
+    pw.add_argument("--quiet", action="store_true", help="no progress output")
     sub.add_parser("gpu-check", add_help=False,
                    help="the CUDA backend's GPU check (python -m gaescan.bench.gpu_check; "
                         "'gaescan gpu-check --help' for its options)")
@@ -167,6 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_bench(args)
     if args.command == "info":
         return run_info(args)
+    if args.command == "warmup":
+        return run_warmup(args)
     ap.print_help()
     return 2
 

@@ -116,27 +116,25 @@ def backends(devices: list[dict[str, Any]], no_device_reason: str) -> dict[str, 
 
 
 def numba_threading() -> dict[str, Any]:
-    """Numba's threads: the configured and the active threading layer.
+    """Numba's threads: the configured and the active threading layer, and
+    what the active one is safe for (see :mod:`gaescan._threading`).
 
-    The active layer is known only after a parallel kernel ran, so this runs a
-    tiny cached ``prange`` kernel (the benchmark's triad) once.
+    The active layer is known only once Numba's thread pool has started, so
+    this starts it the way gaescan's first parallel kernel does.
     """
     import numba
+
+    from .. import _threading
 
     out: dict[str, Any] = {
         "configured_layer": numba.config.THREADING_LAYER,
         "threads": numba.config.NUMBA_NUM_THREADS,
     }
     try:
-        import numpy as np
-
-        from .runner import _triad_kernel
-
-        a = np.zeros(4)
-        _triad_kernel()(a, a.copy(), a.copy(), 1.0)
-        out["active_layer"] = numba.threading_layer()
+        out["active_layer"] = _threading.configure()
     except Exception as exc:  # noqa: BLE001
         out["active_layer"] = f"unknown ({type(exc).__name__}: {exc})"
+    out["safety"] = _threading.safety(_threading.layer())
     return out
 
 
@@ -195,6 +193,7 @@ def format_info(info: dict[str, Any]) -> str:
     lines.append(f"CPUs:         {cpus}")
     lines.append(f"numba threads: {nt['threads']}, threading layer {nt['active_layer']} "
                  f"(configured: {nt['configured_layer']})")
+    lines.append(f"  layer safety: {nt['safety']}")
     if info["cuda_devices"]:
         for d in info["cuda_devices"]:
             if "error" in d:

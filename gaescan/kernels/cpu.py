@@ -1,8 +1,9 @@
 """Numba CPU kernels over ``(R, T)`` rows.
 
-Every kernel has one explicit signature per output dtype (float32, float64),
-compiled when this module is first imported and cached on disk (``cache=True``),
-so that no call triggers a new specialisation.  The general kernels take the
+Every kernel has one explicit signature per output dtype (float32, float64).
+A kernel compiles (or loads from Numba's on-disk cache, ``cache=True``) the
+signature a call needs on that first call, not at import: see :class:`Kernel`.
+Arguments never trigger a new specialisation.  The general kernels take the
 same argument kinds:
 
 * data and coefficients are 2-D arrays of the output dtype with any strides
@@ -13,8 +14,16 @@ same argument kinds:
 * ``bound`` holds one boundary value per sequence (``last_value`` or
   ``initial``), ``carry`` the GAE advantage past each sequence's end
   (``last_advantage``); ``cu`` the packed offsets, read when ``packed`` is true;
-* ``zero`` is 0 of the output dtype, so every intermediate stays in that dtype
-  (a bare ``0.0`` literal would promote float32 work to float64).
+* ``zero`` is 0 of the output dtype (what masked positions store).
+
+The recurrence state (the carried advantage, return or ``y``) and its decay
+(γλ, γ or ``a``) are float64 in every kernel: float32 inputs are widened where
+they meet the state, and outputs are rounded to float32 on store.  With γ just
+below 1 a float32 state rounds ``γ·acc`` the same way at every step and drifts
+over long rows; a float64 state does not, and it adds no memory traffic.  The
+GAE kernels compute each step's δ in the data dtype (one rounding per step,
+which does not accumulate).  For float64 data every widening is the identity,
+so float64 results are bit for bit those of a float64 loop.
 
 The general kernels below run sequences in parallel (``prange``), each one a
 serial scan; they serve every feature combination.  The fast paths at the end
@@ -27,10 +36,167 @@ buffers.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable, Iterator
+from types import FunctionType
+from typing import Any
+
 import numpy as np
 from numba import njit, prange, types
 
+from .. import _threading
+
 _FLOATS = (types.float32, types.float64)
+_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_f8 = np.float64
+
+# One lock for all compilation: a kernel compiles each signature once, even
+# when threads make their first calls at the same time.
+_COMPILE_LOCK = threading.RLock()
+
+#: Every lazily compiled kernel, in definition order (see :func:`all_kernels`).
+_REGISTRY: list[Kernel] = []
+
+
+class Kernel:
+    """A Numba kernel compiled on first use, one explicit signature per dtype.
+
+    Calling the kernel picks the signature by the dtype of its last argument
+    (the output array) and, on the first call with that dtype, builds
+    ``numba.njit(signature, cache=True, **options)`` for that signature only:
+    the dispatcher is closed to other argument types, so a call never compiles
+    a new specialisation, and Numba's disk cache makes later processes load it
+    instead of compiling.  A parallel kernel also has a serial build of the
+    same function (``prange`` runs as ``range``, same results bit for bit),
+    used where the threading layer must not be entered from the calling
+    thread (see :mod:`gaescan._threading`).
+
+    Parameters
+    ----------
+    func : callable
+        The Python function of the kernel.
+    signatures : list of numba signatures
+        One per entry of ``_DTYPES`` (float32, float64), in that order.
+    **options
+        Options for :func:`numba.njit` (``parallel``, ``fastmath``, ...).
+    """
+
+    def __init__(self, func: Callable[..., Any], signatures: list[Any], **options: Any):
+        self.py_func = func
+        self.__name__ = func.__name__
+        self.__qualname__ = func.__qualname__
+        self.__doc__ = func.__doc__
+        self.__wrapped__ = func
+        self.signatures = dict(zip(_DTYPES, signatures, strict=True))
+        self.parallel = bool(options.get("parallel", False))
+        self._options = {**options, "cache": True, "nogil": True}
+        self._builds: dict[tuple[np.dtype, bool], Any] = {}
+        _REGISTRY.append(self)
+
+    def __call__(self, *args: Any) -> Any:
+        serial = False
+        if self.parallel:
+            if _threading.layer() is None:
+                # before any parallel build runs: the layer decides serial_here()
+                _threading.configure()
+            serial = _threading.serial_here()
+        try:
+            build = self._builds[args[-1].dtype, serial]
+        except KeyError:
+            build = self.compile(args[-1].dtype, serial)
+        return build(*args)
+
+    def compile(self, dtype: Any, serial: bool = False) -> Any:
+        """Compile (or load from the disk cache) the build for ``dtype``.
+
+        Parameters
+        ----------
+        dtype : numpy dtype
+            float32 or float64, the output dtype.
+        serial : bool
+            The serial build of a parallel kernel.
+
+        Returns
+        -------
+        numba dispatcher
+            The compiled dispatcher, closed to other signatures.
+        """
+        dt = np.dtype(dtype)
+        if dt not in self.signatures:
+            raise TypeError(f"{self.__name__}: no kernel for dtype {dt}; the kernels take float32 or float64")
+        key = (dt, serial and self.parallel)
+        with _COMPILE_LOCK:
+            build = self._builds.get(key)
+            if build is None:
+                options = dict(self._options)
+                func = self.py_func
+                if self.parallel:
+                    if key[1]:
+                        options["parallel"] = False
+                        func = _serial_copy(func)
+                    else:
+                        _threading.configure()
+                build = njit(self.signatures[dt], **options)(func)
+                self._builds[key] = build
+        return build
+
+    def compiled(self, dtype: Any, serial: bool = False) -> bool:
+        """Whether the build for ``dtype`` exists in this process."""
+        return (np.dtype(dtype), serial and self.parallel) in self._builds
+
+
+def _serial_copy(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func`` under another qualified name.  Numba's disk cache keys an
+    entry on the function's name, code and signature, not on ``parallel``:
+    the serial build needs a name of its own, or it would load the parallel
+    build's machine code (and the parallel build the serial one's)."""
+    copy = FunctionType(func.__code__, func.__globals__, func.__name__ + "_serial", func.__defaults__,
+                        func.__closure__)
+    copy.__qualname__ = func.__qualname__ + "_serial"
+    copy.__module__ = func.__module__
+    copy.__doc__ = func.__doc__
+    return copy
+
+
+def kernel(signatures: list[Any], **options: Any) -> Callable[[Callable[..., Any]], Kernel]:
+    """Decorator: a :class:`Kernel` with these signatures and njit options."""
+    return lambda func: Kernel(func, signatures, **options)
+
+
+def all_kernels() -> list[Kernel]:
+    """Every lazily compiled kernel of this module."""
+    return list(_REGISTRY)
+
+
+def builds() -> Iterator[tuple[Kernel, np.dtype, bool]]:
+    """Every ``(kernel, dtype, serial)`` build that :func:`compile_all` makes:
+    both dtypes of every kernel, and the serial build of each parallel one."""
+    for k in _REGISTRY:
+        for dt in _DTYPES:
+            yield k, dt, False
+            if k.parallel:
+                yield k, dt, True
+
+
+def compile_all(progress: Callable[[int, int, str], None] | None = None) -> int:
+    """Compile (or load from the disk cache) every build of every kernel.
+
+    Parameters
+    ----------
+    progress : callable, optional
+        Called as ``progress(done, total, name)`` after each build.
+
+    Returns
+    -------
+    int
+        The number of builds.
+    """
+    todo = list(builds())
+    for n, (k, dt, serial) in enumerate(todo, 1):
+        k.compile(dt, serial)
+        if progress is not None:
+            progress(n, len(todo), f"{k.__name__}[{dt}{' serial' if serial else ''}]")
+    return len(todo)
 
 
 def _ro(dtype: types.Type, ndim: int) -> types.Array:
@@ -62,11 +228,12 @@ def _gae_at(rewards, values, next_values, gamma, lam, term, trunc, mask, has_nex
         vn = next_values[i, j] if has_next else v_next
         delta = rewards[i, j] + g * vn - vt
     if term[i, j] or trunc[i, j]:
-        a = delta
+        a = _f8(delta)
     else:
-        a = delta + g * lam[i, j] * a_next
-    adv[i, j] = a
-    ret[i, j] = a + vt
+        a = _f8(delta) + _f8(g) * _f8(lam[i, j]) * a_next
+    a_out = adv.dtype.type(a)
+    adv[i, j] = a_out
+    ret[i, j] = a_out + vt
     return a, vt
 
 
@@ -77,16 +244,17 @@ def _ret_at(rewards, gamma, dones, mask, i, j, G, zero, out):
         out[i, j] = zero
         return G
     if dones[i, j]:
-        G = rewards[i, j]
+        G = _f8(rewards[i, j])
     else:
-        G = rewards[i, j] + gamma[i, j] * G
+        G = _f8(rewards[i, j]) + _f8(gamma[i, j]) * G
     out[i, j] = G
     return G
 
 
 @njit(inline="always")
 def _scan_at(a, b, i, j, y, out):
-    y = b[i, j] if a[i, j] == 0 else a[i, j] * y + b[i, j]
+    at = a[i, j]
+    y = _f8(b[i, j]) if at == 0 else _f8(at) * y + _f8(b[i, j])
     out[i, j] = y
     return y
 
@@ -95,11 +263,11 @@ def _scan_at(a, b, i, j, y, out):
 # latency, see _gae_pair below); a packed row runs segment by segment.
 
 
-@njit(
+@kernel(
     _sigs(lambda ft, data, flag, out: types.void(
         data, data, data, data, data, flag, flag, flag,
         types.boolean, _ro(ft, 1), _ro(ft, 1), _CU, types.boolean, ft, out, out)),
-    parallel=True, nogil=True, cache=True,
+    parallel=True,
 )
 def gae_rows(rewards, values, next_values, gamma, lam, term, trunc, mask,
              has_next, bound, carry, cu, packed, zero, adv, ret):
@@ -116,14 +284,14 @@ def gae_rows(rewards, values, next_values, gamma, lam, term, trunc, mask,
         # a packed row: segment u; otherwise rows i = 2u and k = 2u + 1
         i = np.int64(u) if packed else 2 * np.int64(u)
         k = i + 1
-        a0 = carry[i]
+        a0 = _f8(carry[i])
         v0 = bound[i]
         if packed:
             for t in range(cu[k] - 1, cu[i] - 1, -1):
                 a0, v0 = _gae_at(rewards, values, next_values, gamma, lam, term, trunc, mask, has_next,
                                  0, t, a0, v0, zero, adv, ret)
         elif k < n:
-            a1 = carry[k]
+            a1 = _f8(carry[k])
             v1 = bound[k]
             for j in range(T):
                 t = np.uint64(T - 1 - j)
@@ -138,10 +306,10 @@ def gae_rows(rewards, values, next_values, gamma, lam, term, trunc, mask,
                                  i, t, a0, v0, zero, adv, ret)
 
 
-@njit(
+@kernel(
     _sigs(lambda ft, data, flag, out: types.void(
         data, data, flag, flag, _ro(ft, 1), _CU, types.boolean, ft, out)),
-    parallel=True, nogil=True, cache=True,
+    parallel=True,
 )
 def returns_rows(rewards, gamma, dones, mask, bound, cu, packed, zero, out):
     """``G_t = r_t + γ(1−done_t) G_{τ(t)}``, ``G`` past the end = ``bound[s]``."""
@@ -151,12 +319,12 @@ def returns_rows(rewards, gamma, dones, mask, bound, cu, packed, zero, out):
     for u in prange(units):
         i = np.int64(u) if packed else 2 * np.int64(u)
         k = i + 1
-        G0 = bound[i]
+        G0 = _f8(bound[i])
         if packed:
             for t in range(cu[k] - 1, cu[i] - 1, -1):
                 G0 = _ret_at(rewards, gamma, dones, mask, 0, t, G0, zero, out)
         elif k < n:
-            G1 = bound[k]
+            G1 = _f8(bound[k])
             for j in range(T):
                 t = np.uint64(T - 1 - j)
                 G0 = _ret_at(rewards, gamma, dones, mask, i, t, G0, zero, out)
@@ -167,9 +335,9 @@ def returns_rows(rewards, gamma, dones, mask, bound, cu, packed, zero, out):
                 G0 = _ret_at(rewards, gamma, dones, mask, i, t, G0, zero, out)
 
 
-@njit(
+@kernel(
     _sigs(lambda ft, data, flag, out: types.void(data, data, types.boolean, _ro(ft, 1), out)),
-    parallel=True, nogil=True, cache=True,
+    parallel=True,
 )
 def scan_rows(a, b, reverse, initial, out):
     """``y_t = a_t y_{t∓1} + b_t`` per row, starting from ``initial[r]``."""
@@ -177,9 +345,9 @@ def scan_rows(a, b, reverse, initial, out):
     for u in prange((R + 1) // 2):
         i = 2 * np.int64(u)
         k = i + 1
-        y0 = initial[i]
+        y0 = _f8(initial[i])
         if k < R:
-            y1 = initial[k]
+            y1 = _f8(initial[k])
             for j in range(T):
                 t = np.uint64(T - 1 - j) if reverse else np.uint64(j)
                 y0 = _scan_at(a, b, i, t, y0, out)
@@ -209,11 +377,11 @@ def _blocks(R):
     return wb, (R + wb - 1) // wb
 
 
-@njit(
+@kernel(
     _sigs(lambda ft, data, flag, out: types.void(
         data, data, data, data, data, flag, flag, flag,
         types.boolean, _ro(ft, 1), _ro(ft, 1), ft, out, out)),
-    parallel=True, nogil=True, cache=True,
+    parallel=True,
 )
 def gae_tm(rewards, values, next_values, gamma, lam, term, trunc, mask,
            has_next, bound, carry, zero, adv, ret):
@@ -223,7 +391,7 @@ def gae_tm(rewards, values, next_values, gamma, lam, term, trunc, mask,
     for bb in prange(nb):
         c0 = np.int64(bb) * wb
         w = min(c0 + wb, R) - c0
-        an = np.empty(w, adv.dtype)
+        an = np.empty(w, np.float64)
         vn = np.empty(w, adv.dtype)
         for k in range(w):
             an[k] = carry[c0 + k]
@@ -235,9 +403,9 @@ def gae_tm(rewards, values, next_values, gamma, lam, term, trunc, mask,
                                        has_next, t, np.uint64(c0 + k), an[k], vn[k], zero, adv, ret)
 
 
-@njit(
+@kernel(
     _sigs(lambda ft, data, flag, out: types.void(data, data, flag, flag, _ro(ft, 1), ft, out)),
-    parallel=True, nogil=True, cache=True,
+    parallel=True,
 )
 def returns_tm(rewards, gamma, dones, mask, bound, zero, out):
     """:func:`returns_rows` on ``(T, R)`` transposed views (no packing)."""
@@ -246,7 +414,7 @@ def returns_tm(rewards, gamma, dones, mask, bound, zero, out):
     for bb in prange(nb):
         c0 = np.int64(bb) * wb
         w = min(c0 + wb, R) - c0
-        G = np.empty(w, out.dtype)
+        G = np.empty(w, np.float64)
         for k in range(w):
             G[k] = bound[c0 + k]
         for j in range(T):
@@ -255,9 +423,9 @@ def returns_tm(rewards, gamma, dones, mask, bound, zero, out):
                 G[k] = _ret_at(rewards, gamma, dones, mask, t, np.uint64(c0 + k), G[k], zero, out)
 
 
-@njit(
+@kernel(
     _sigs(lambda ft, data, flag, out: types.void(data, data, types.boolean, _ro(ft, 1), out)),
-    parallel=True, nogil=True, cache=True,
+    parallel=True,
 )
 def scan_tm(a, b, reverse, initial, out):
     """:func:`scan_rows` on ``(T, R)`` transposed views."""
@@ -266,7 +434,7 @@ def scan_tm(a, b, reverse, initial, out):
     for bb in prange(nb):
         c0 = np.int64(bb) * wb
         w = min(c0 + wb, R) - c0
-        y = np.empty(w, out.dtype)
+        y = np.empty(w, np.float64)
         for k in range(w):
             y[k] = initial[c0 + k]
         for j in range(T):
@@ -295,9 +463,10 @@ def _c2(ft, ro=True):
 
 @njit(inline="always", fastmath=_FM)
 def _gstep(rt, vt, vn, dt, g, gl, an):
-    # A select, not a multiplication by (1 - done): NaN isolation.
-    x = rt + g * vn - vt + gl * an
-    y = rt - vt
+    # δ in the data dtype, the carried A (``an``, ``gl``) in float64.  A
+    # select, not a multiplication by (1 - done): NaN isolation.
+    x = _f8(rt + g * vn - vt) + gl * an
+    y = _f8(rt - vt)
     return y if dt else x
 
 
@@ -305,12 +474,13 @@ def _gstep(rt, vt, vn, dt, g, gl, an):
 def _mstep(rt, vt, term, valid, g, gl, an, vn, zero):
     """A masked step: at a valid position the step of :func:`_gstep`; at a
     masked one the carried (A, V) pass through and both outputs are 0.  All
-    selects: a NaN at a masked position is computed but never chosen."""
-    x = rt + g * vn - vt + gl * an
-    a = rt - vt if term else x
+    selects: a NaN at a masked position is computed but never chosen.
+    Returns the carried (A, V) and the A and V of the outputs (``ret = A + V``)."""
+    x = _f8(rt + g * vn - vt) + gl * an
+    a = _f8(rt - vt) if term else x
     if valid:
-        return a, vt, a, a + vt
-    return an, vn, zero, zero
+        return a, vt, a, vt
+    return an, vn, 0.0, zero
 
 
 @njit(inline="always", fastmath=_FM)
@@ -319,7 +489,7 @@ def _nstep(rt, vt, nvt, term, done, g, gl, an):
     cut on ``term``, the sum on ``done = term or trunc`` (both selects)."""
     x = rt + g * nvt - vt
     y = rt - vt
-    delta = y if term else x
+    delta = _f8(y if term else x)
     return delta if done else delta + gl * an
 
 
@@ -327,37 +497,44 @@ def _nstep(rt, vt, nvt, term, done, g, gl, an):
 def _gae_row(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask, g, gl, vlast, alast):
     """Row ``i``, reverse in time, fused: δ on the fly, each output written once."""
     T = r.shape[1]
+    ft = adv.dtype.type
     an = alast
     vn = vlast
-    zero = adv.dtype.type(0)
+    zero = ft(0)
     if has_next:
         for j in range(T):
             t = np.uint64(T - 1 - j)
             vt = v[i, t]
             dt = d[i, t] != 0
             an = _nstep(r[i, t], vt, nv[i, t], dt, dt or tr[i, t] != 0, g, gl, an)
-            adv[i, t] = an
-            ret[i, t] = an + vt
+            o = ft(an)
+            adv[i, t] = o
+            ret[i, t] = o + vt
     elif has_mask:
         for j in range(T):
             t = np.uint64(T - 1 - j)
-            an, vn, adv[i, t], ret[i, t] = _mstep(r[i, t], v[i, t], has_term and d[i, t] != 0,
-                                                  m[i, t] != 0, g, gl, an, vn, zero)
+            an, vn, a_out, v_out = _mstep(r[i, t], v[i, t], has_term and d[i, t] != 0,
+                                          m[i, t] != 0, g, gl, an, vn, zero)
+            o = ft(a_out)
+            adv[i, t] = o
+            ret[i, t] = o + v_out
     elif has_term:
         for j in range(T):
             t = np.uint64(T - 1 - j)
             vt = v[i, t]
             an = _gstep(r[i, t], vt, vn, d[i, t] != 0, g, gl, an)
-            adv[i, t] = an
-            ret[i, t] = an + vt
+            o = ft(an)
+            adv[i, t] = o
+            ret[i, t] = o + vt
             vn = vt
     else:
         for j in range(T):
             t = np.uint64(T - 1 - j)
             vt = v[i, t]
-            an = r[i, t] + g * vn - vt + gl * an
-            adv[i, t] = an
-            ret[i, t] = an + vt
+            an = _f8(r[i, t] + g * vn - vt) + gl * an
+            o = ft(an)
+            adv[i, t] = o
+            ret[i, t] = o + vt
             vn = vt
 
 
@@ -365,15 +542,15 @@ def _gae_row(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask, g, g
 def _gae_pair(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask,
               g0, gl0, g1, gl1, vl0, vl1, al0, al1):
     """Rows ``i`` and ``i + 1`` in one loop: two independent chains hide each
-    other's FMA-and-select latency, which bounds a lone chain (about 2.4 ns a
-    step here, against 1.3 ns a step for the pair)."""
+    other's FMA-and-select latency, which bounds a lone chain."""
     T = r.shape[1]
+    ft = adv.dtype.type
     k = i + 1
     a0 = al0
     a1 = al1
     v0 = vl0
     v1 = vl1
-    zero = adv.dtype.type(0)
+    zero = ft(0)
     if has_next:
         for j in range(T):
             t = np.uint64(T - 1 - j)
@@ -383,17 +560,25 @@ def _gae_pair(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask,
             d1 = d[k, t] != 0
             a0 = _nstep(r[i, t], x0, nv[i, t], d0, d0 or tr[i, t] != 0, g0, gl0, a0)
             a1 = _nstep(r[k, t], x1, nv[k, t], d1, d1 or tr[k, t] != 0, g1, gl1, a1)
-            adv[i, t] = a0
-            ret[i, t] = a0 + x0
-            adv[k, t] = a1
-            ret[k, t] = a1 + x1
+            o0 = ft(a0)
+            o1 = ft(a1)
+            adv[i, t] = o0
+            ret[i, t] = o0 + x0
+            adv[k, t] = o1
+            ret[k, t] = o1 + x1
     elif has_mask:
         for j in range(T):
             t = np.uint64(T - 1 - j)
-            a0, v0, adv[i, t], ret[i, t] = _mstep(r[i, t], v[i, t], has_term and d[i, t] != 0,
-                                                  m[i, t] != 0, g0, gl0, a0, v0, zero)
-            a1, v1, adv[k, t], ret[k, t] = _mstep(r[k, t], v[k, t], has_term and d[k, t] != 0,
-                                                  m[k, t] != 0, g1, gl1, a1, v1, zero)
+            a0, v0, b0, w0 = _mstep(r[i, t], v[i, t], has_term and d[i, t] != 0,
+                                    m[i, t] != 0, g0, gl0, a0, v0, zero)
+            a1, v1, b1, w1 = _mstep(r[k, t], v[k, t], has_term and d[k, t] != 0,
+                                    m[k, t] != 0, g1, gl1, a1, v1, zero)
+            o0 = ft(b0)
+            o1 = ft(b1)
+            adv[i, t] = o0
+            ret[i, t] = o0 + w0
+            adv[k, t] = o1
+            ret[k, t] = o1 + w1
     elif has_term:
         for j in range(T):
             t = np.uint64(T - 1 - j)
@@ -401,10 +586,12 @@ def _gae_pair(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask,
             x1 = v[k, t]
             a0 = _gstep(r[i, t], x0, v0, d[i, t] != 0, g0, gl0, a0)
             a1 = _gstep(r[k, t], x1, v1, d[k, t] != 0, g1, gl1, a1)
-            adv[i, t] = a0
-            ret[i, t] = a0 + x0
-            adv[k, t] = a1
-            ret[k, t] = a1 + x1
+            o0 = ft(a0)
+            o1 = ft(a1)
+            adv[i, t] = o0
+            ret[i, t] = o0 + x0
+            adv[k, t] = o1
+            ret[k, t] = o1 + x1
             v0 = x0
             v1 = x1
     else:
@@ -412,12 +599,14 @@ def _gae_pair(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask,
             t = np.uint64(T - 1 - j)
             x0 = v[i, t]
             x1 = v[k, t]
-            a0 = r[i, t] + g0 * v0 - x0 + gl0 * a0
-            a1 = r[k, t] + g1 * v1 - x1 + gl1 * a1
-            adv[i, t] = a0
-            ret[i, t] = a0 + x0
-            adv[k, t] = a1
-            ret[k, t] = a1 + x1
+            a0 = _f8(r[i, t] + g0 * v0 - x0) + gl0 * a0
+            a1 = _f8(r[k, t] + g1 * v1 - x1) + gl1 * a1
+            o0 = ft(a0)
+            o1 = ft(a1)
+            adv[i, t] = o0
+            ret[i, t] = o0 + x0
+            adv[k, t] = o1
+            ret[k, t] = o1 + x1
             v0 = x0
             v1 = x1
 
@@ -426,15 +615,18 @@ def _gae_pair(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask,
 def _gae_unit(u, rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
               gcol, lcol, bound, carry, adv, ret):
     # Work unit u: rows 2u and 2u + 1, or the last row alone when R is odd.
+    # γ enters δ in the data dtype; γλ, the decay of the carried A, is
+    # float64 (γλ rounded to float32 would drift like a float32 state).
     i = 2 * np.int64(u)
     g = gcol[i]
     if i + 1 < rewards.shape[0]:
         h = gcol[i + 1]
         _gae_pair(rewards, values, next_values, term, trunc, mask, adv, ret, i, has_next, has_term, has_mask,
-                  g, g * lcol[i], h, h * lcol[i + 1], bound[i], bound[i + 1], carry[i], carry[i + 1])
+                  g, _f8(g) * _f8(lcol[i]), h, _f8(h) * _f8(lcol[i + 1]), bound[i], bound[i + 1],
+                  _f8(carry[i]), _f8(carry[i + 1]))
     else:
         _gae_row(rewards, values, next_values, term, trunc, mask, adv, ret, i, has_next, has_term, has_mask,
-                 g, g * lcol[i], bound[i], carry[i])
+                 g, _f8(g) * _f8(lcol[i]), bound[i], _f8(carry[i]))
 
 
 _B = types.boolean
@@ -445,7 +637,7 @@ _FUSED_SIGS = [
 ]
 
 
-@njit(_FUSED_SIGS, parallel=True, nogil=True, cache=True, fastmath=_FM)
+@kernel(_FUSED_SIGS, parallel=True, fastmath=_FM)
 def gae_rows_fused(rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
                    gcol, lcol, bound, carry, adv, ret):
     """Batch-major fused GAE, scalar or per-row γ/λ, any strides, rows in
@@ -456,18 +648,16 @@ def gae_rows_fused(rewards, values, next_values, has_next, term, has_term, trunc
     only when ``has_term`` or ``has_next``, ``mask`` only when ``has_mask``.
     (Masks together with ``next_values`` take the general kernel.)
 
-    A chunked in-row variant (4 independent chains per cache-resident tile,
-    carries combined between a carry pass and a rescan or a vectorised
-    fix-up) was measured 1.4-1.6x *slower* than one chain per row on the
-    2-vCPU development VM (the extra passes cost more than they hide);
-    pairing rows hides the latency with no extra pass.
+    Pairing rows hides a chain's latency with no extra pass over memory (a
+    chunked in-row scan needs a carry pass and a rescan or fix-up, which cost
+    more than they hide; figures in ``benchmarks/results/``).
     """
     for u in prange((rewards.shape[0] + 1) // 2):
         _gae_unit(u, rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
                   gcol, lcol, bound, carry, adv, ret)
 
 
-@njit(_FUSED_SIGS, nogil=True, cache=True, fastmath=_FM)
+@kernel(_FUSED_SIGS, fastmath=_FM)
 def gae_rows_fused_1t(rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
                       gcol, lcol, bound, carry, adv, ret):
     """:func:`gae_rows_fused` on the calling thread: for small problems, where
@@ -477,10 +667,10 @@ def gae_rows_fused_1t(rewards, values, next_values, has_next, term, has_term, tr
                   gcol, lcol, bound, carry, adv, ret)
 
 
-@njit(
+@kernel(
     [types.void(_c2(ft), _c2(ft), _U8C, types.boolean, _ro(ft, 1), _ro(ft, 1), _ro(ft, 1), _ro(ft, 1),
                 _c2(ft, False), _c2(ft, False)) for ft in _FLOATS],
-    parallel=True, nogil=True, cache=True, fastmath=_FM,
+    parallel=True, fastmath=_FM,
 )
 def gae_timemajor(rewards, values, term, has_term, gcol, lcol, bound, carry, adv, ret):
     """Time-major fused GAE on ``(T, R)`` C-contiguous arrays (the transposes
@@ -488,6 +678,7 @@ def gae_timemajor(rewards, values, term, has_term, gcol, lcol, bound, carry, adv
     vectorised across a block of batch columns (no transposition); the
     carries of a block (4 arrays of its width) are the only scratch."""
     T, R = rewards.shape
+    ft = adv.dtype.type
     # Blocks of _W columns (a 4 KiB page of float32 per step); narrow batches
     # get 4 blocks of at least 64 columns so that they still spread over
     # threads.  Columns are independent: the split never changes a result.
@@ -497,15 +688,15 @@ def gae_timemajor(rewards, values, term, has_term, gcol, lcol, bound, carry, adv
         c0 = np.int64(bb) * wb
         c1 = min(c0 + wb, R)
         w = c1 - c0
-        an = np.empty(w, rewards.dtype)
+        an = np.empty(w, np.float64)
         vn = np.empty(w, rewards.dtype)
         gg = np.empty(w, rewards.dtype)
-        gl = np.empty(w, rewards.dtype)
+        gl = np.empty(w, np.float64)
         for k in range(w):
             an[k] = carry[c0 + k]
             vn[k] = bound[c0 + k]
             gg[k] = gcol[c0 + k]
-            gl[k] = gcol[c0 + k] * lcol[c0 + k]
+            gl[k] = _f8(gcol[c0 + k]) * _f8(lcol[c0 + k])
         for j in range(T):
             t = np.uint64(T - 1 - j)
             if has_term:
@@ -513,25 +704,27 @@ def gae_timemajor(rewards, values, term, has_term, gcol, lcol, bound, carry, adv
                     c = np.uint64(c0 + k)
                     v = values[t, c]
                     a = _gstep(rewards[t, c], v, vn[k], term[t, c] != 0, gg[k], gl[k], an[k])
-                    adv[t, c] = a
-                    ret[t, c] = a + v
+                    o = ft(a)
+                    adv[t, c] = o
+                    ret[t, c] = o + v
                     an[k] = a
                     vn[k] = v
             else:
                 for k in range(w):
                     c = np.uint64(c0 + k)
                     v = values[t, c]
-                    a = rewards[t, c] + gg[k] * vn[k] - v + gl[k] * an[k]
-                    adv[t, c] = a
-                    ret[t, c] = a + v
+                    a = _f8(rewards[t, c] + gg[k] * vn[k] - v) + gl[k] * an[k]
+                    o = ft(a)
+                    adv[t, c] = o
+                    ret[t, c] = o + v
                     an[k] = a
                     vn[k] = v
 
 
-@njit(
+@kernel(
     [types.void(_c2(ft), _c2(ft), _c2(ft), _U8A, _U8A, _ro(ft, 1), _ro(ft, 1), _ro(ft, 1),
                 _c2(ft, False), _c2(ft, False)) for ft in _FLOATS],
-    parallel=True, nogil=True, cache=True, fastmath=_FM,
+    parallel=True, fastmath=_FM,
 )
 def gae_timemajor_next(rewards, values, next_values, term, trunc, gcol, lcol, carry, adv, ret):
     """:func:`gae_timemajor` with ``next_values`` and terminations/truncations
@@ -539,19 +732,20 @@ def gae_timemajor_next(rewards, values, next_values, term, trunc, gcol, lcol, ca
     are uint8 ``(T, R)`` views of any strides (zero-stride views of 0 when
     absent); the data arrays are C-contiguous."""
     T, R = rewards.shape
+    ft = adv.dtype.type
     wb = _W if R >= 4 * _W else max(64, (R + 3) // 4)
     nb = (R + wb - 1) // wb
     for bb in prange(nb):
         c0 = np.int64(bb) * wb
         c1 = min(c0 + wb, R)
         w = c1 - c0
-        an = np.empty(w, rewards.dtype)
+        an = np.empty(w, np.float64)
         gg = np.empty(w, rewards.dtype)
-        gl = np.empty(w, rewards.dtype)
+        gl = np.empty(w, np.float64)
         for k in range(w):
             an[k] = carry[c0 + k]
             gg[k] = gcol[c0 + k]
-            gl[k] = gcol[c0 + k] * lcol[c0 + k]
+            gl[k] = _f8(gcol[c0 + k]) * _f8(lcol[c0 + k])
         for j in range(T):
             t = np.uint64(T - 1 - j)
             for k in range(w):
@@ -559,6 +753,7 @@ def gae_timemajor_next(rewards, values, next_values, term, trunc, gcol, lcol, ca
                 v = values[t, c]
                 e = term[t, c] != 0
                 a = _nstep(rewards[t, c], v, next_values[t, c], e, e or trunc[t, c] != 0, gg[k], gl[k], an[k])
-                adv[t, c] = a
-                ret[t, c] = a + v
+                o = ft(a)
+                adv[t, c] = o
+                ret[t, c] = o + v
                 an[k] = a
