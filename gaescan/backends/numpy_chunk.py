@@ -6,11 +6,14 @@ Every call reduces to one reverse linear recurrence per row,
 1. *in-chunk scan*: time is cut into chunks of ``C`` steps (``_config``
    tunable ``numpy_chunk``).  Each chunk is scanned with a zero carry-in —
    with a constant ``a`` as one matrix product against the ``C × C`` kernel
-   ``K[i, j] = a^(j−i)`` (the published chunk-scan); with per-step ``a`` as
+   ``K[i, j] = a^(j−i)`` (the published chunk-scan; inputs holding NaN or
+   infinities, which the kernel's zeros would spread, scan their finite part
+   and add the non-finite part by a cumulative sum); with per-step ``a`` as
    ``C`` vectorised steps over all chunks at once, keeping the running decay
    product ``P_i = a_i ··· a_{C−1}``;
 2. *carry pass*: the chunk summaries ``(P_0, y_0)`` form the same recurrence
-   one level up (``T / C`` steps), solved recursively;
+   one level up (``T / C`` steps), solved recursively, in float64 for
+   float32 data;
 3. *fix-up*: ``y_i += P_i · carry_in``.
 
 Memory is a few times the input, never ``T × T`` nor ``C × C`` per chunk.
@@ -24,6 +27,7 @@ select, so nothing crosses it), a masked position passes the carry through
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
@@ -51,6 +55,75 @@ def _serial(xp: Any, a: Coeff, b: Any, init: Any) -> Any:
         carry = a * carry + b[:, t] if scalar else _step(xp, a[:, t], carry, b[:, t])
         y[:, t] = carry
     return y
+
+
+def _const_scan(xp: Any, ar: Any, b: Any, init: Any, C: int, out: Any, finite_only: bool) -> Any:
+    """:func:`reverse_scan` with the constant decay ``ar`` (``T > C``), by the chunk matmul.
+
+    The kernel's zeros below the diagonal multiply the steps a row of the chunk
+    does not depend on, so a NaN or an infinity in ``b`` reaches later steps of
+    its chunk (``0 · NaN``).  With ``finite_only`` the scan therefore returns
+    ``None`` as soon as it meets a non-finite chunk head or ``init`` (a chunk's
+    head weighs every step of the chunk, so it is finite exactly when they all
+    are, barring overflow), before anything depends on them.
+    """
+    R, T = b.shape
+    dtype = b.dtype
+    nC = -(-T // C)
+    pad = nC * C - T
+    b3 = _pad_front(xp, b, pad).reshape(R, nC, C)
+    # K[i, j] = a^(j - i) for j >= i: row i of the chunk sums its future.
+    expo = xp.arange(C)[None, :] - xp.arange(C)[:, None]
+    K = xp.where(expo >= 0, ar ** xp.maximum(expo, 0).astype(dtype), dtype.type(0)).astype(dtype)
+    into_out = out is not None and pad == 0 and out.flags.c_contiguous
+    if into_out:
+        local = out.reshape(R, nC, C)
+        xp.matmul(b3.reshape(R * nC, C), K.T, out=local.reshape(R * nC, C))
+    else:
+        local = xp.matmul(b3.reshape(R * nC, C), K.T).reshape(R, nC, C)
+    heads = xp.ascontiguousarray(local[:, :, 0])
+    if finite_only and not (xp.isfinite(heads).all() and xp.isfinite(init).all()):
+        return None
+    # The carry pass runs in float64 (on T / C numbers): a float32 a^C, raised
+    # again at every level, would round the same way each time and drift.
+    wide = _wide(dtype)
+    y_heads = reverse_scan(xp, float(wide.type(ar) ** C), heads.astype(wide), init.astype(wide), C)
+    carry = xp.concatenate([y_heads[:, 1:], init[:, None]], axis=1).astype(dtype)
+    decay = ar ** xp.arange(C, 0, -1).astype(dtype)  # a^(C - i)
+    local += carry[:, :, None] * decay
+    return out if into_out else local.reshape(R, nC * C)[:, pad:]
+
+
+def _const_scan_nonfinite(xp: Any, ar: Any, b: Any, init: Any, C: int, out: Any) -> Any:
+    """:func:`_const_scan` for inputs that may hold NaN or infinities.
+
+    A finite nonzero decay carries a NaN unchanged, and an infinity unchanged up
+    to the sign ``sign(a)^(j − t)``, to every earlier step, where the infinities
+    and NaNs of all later steps meet as in a sum (``inf + −inf`` is NaN).  So
+    the scan runs on the finite part of ``b`` and ``init``, and the non-finite
+    part of ``y_t`` is the (order-free) sum of the non-finite later terms: one
+    cumulative sum, which no step before ``t`` enters.
+    """
+    R, T = b.shape
+    zero = b.dtype.type(0)
+    fin = xp.isfinite(b)
+    fin_init = xp.isfinite(init)
+    y = _const_scan(xp, ar, xp.where(fin, b, zero), xp.where(fin_init, init, zero), C, out,
+                    finite_only=False)
+    tail = xp.concatenate([xp.where(fin, zero, b), xp.where(fin_init, zero, init)[:, None]], axis=1)
+    if ar < 0:
+        sign = xp.where(xp.arange(T + 1) % 2 == 0, b.dtype.type(1), b.dtype.type(-1))
+        tail = tail * sign
+    nf = xp.cumsum(tail[:, ::-1], axis=1)[:, ::-1][:, :T]
+    if ar < 0:
+        nf = nf * sign[:T]
+    y[...] = xp.where(nf == 0, y, y + nf)
+    return y
+
+
+def _wide(dtype: np.dtype) -> np.dtype:
+    """The carry pass's dtype: float64 for float32 data (see SPEC "Accuracy")."""
+    return np.dtype(np.float64) if dtype == np.float32 else dtype
 
 
 def _pad_front(xp: Any, x: Any, n: int) -> Any:
@@ -86,29 +159,16 @@ def reverse_scan(xp: Any, a: Coeff, b: Any, init: Any, chunk: int, out: Any = No
         return xp.array(b, dtype=dtype, copy=True)
     if T <= (chunk if isinstance(a, float) else min(chunk, int(_config.get("numpy_step_chunk")))):
         return _serial(xp, a, b, init)
-    C = chunk
-    nC = -(-T // C)
-    pad = nC * C - T
-    b3 = _pad_front(xp, b, pad).reshape(R, nC, C)
     if isinstance(a, float):
-        ar = dtype.type(a)
-        # K[i, j] = a^(j - i) for j >= i: row i of the chunk sums its future.
-        expo = xp.arange(C)[None, :] - xp.arange(C)[:, None]
-        K = xp.where(expo >= 0, ar ** xp.maximum(expo, 0).astype(dtype), dtype.type(0)).astype(dtype)
-        into_out = out is not None and pad == 0 and out.flags.c_contiguous
-        if into_out:
-            local = out.reshape(R, nC, C)
-            xp.matmul(b3.reshape(R * nC, C), K.T, out=local.reshape(R * nC, C))
-        else:
-            local = xp.matmul(b3.reshape(R * nC, C), K.T).reshape(R, nC, C)
-        heads = xp.ascontiguousarray(local[:, :, 0])
-        y_heads = reverse_scan(xp, float(ar ** dtype.type(C)), heads, init, C)
-        carry = xp.concatenate([y_heads[:, 1:], init[:, None]], axis=1)
-        decay = ar ** xp.arange(C, 0, -1).astype(dtype)  # a^(C - i)
-        local += carry[:, :, None] * decay
-        return out if into_out else local.reshape(R, nC * C)[:, pad:]
+        if xp is np and math.isfinite(a):
+            y = _const_scan(xp, dtype.type(a), b, init, chunk, out, finite_only=True)
+            if y is not None:
+                return y
+        if math.isfinite(a):
+            return _const_scan_nonfinite(xp, dtype.type(a), b, init, chunk, out)
+        return _const_scan(xp, dtype.type(a), b, init, chunk, out, finite_only=False)
     # Per-step decays: C vectorised steps, each over position i of every chunk.
-    C = min(C, int(_config.get("numpy_step_chunk")))
+    C = min(chunk, int(_config.get("numpy_step_chunk")))
     nC = -(-T // C)
     pad = nC * C - T
     b3 = _pad_front(xp, b, pad).reshape(R, nC, C)
@@ -116,11 +176,18 @@ def reverse_scan(xp: Any, a: Coeff, b: Any, init: Any, chunk: int, out: Any = No
     y3 = xp.array(b3, copy=True)
     P3 = xp.empty_like(y3)
     P3[:, :, C - 1] = a3[:, :, C - 1]
+    # The chunks' whole products feed the carry pass, whose levels multiply
+    # them again and again: they are kept in float64, because a float32 product
+    # of equal factors rounds the same way in every chunk and the error grows
+    # with the number of chunks.  The in-chunk products P3 meet a carry once.
+    wide = _wide(dtype)
+    head_decay = a3[:, :, C - 1].astype(wide)
     for i in range(C - 2, -1, -1):
         y3[:, :, i] = _step(xp, a3[:, :, i], y3[:, :, i + 1], y3[:, :, i])
         xp.multiply(a3[:, :, i], P3[:, :, i + 1], out=P3[:, :, i])
-    y_heads = reverse_scan(xp, xp.ascontiguousarray(P3[:, :, 0]), xp.ascontiguousarray(y3[:, :, 0]), init, C)
-    carry = xp.concatenate([y_heads[:, 1:], init[:, None]], axis=1)
+        head_decay *= a3[:, :, i]
+    y_heads = reverse_scan(xp, head_decay, y3[:, :, 0].astype(wide), init.astype(wide), C)
+    carry = xp.concatenate([y_heads[:, 1:], init[:, None]], axis=1).astype(dtype)
     return _step(xp, P3, carry[:, :, None], y3).reshape(R, nC * C)[:, pad:]
 
 
