@@ -8,6 +8,12 @@ libraries are missing, and under the simulator (which compiles nothing).
 The argument types mirror :meth:`gaescan.backends.cuda._Launch.run`: every
 array is typed with layout ``"A"`` (the backend compiles one specialisation
 per dtype combination, whatever the strides).
+
+Each distinct kernel (build parameters, argument types, launch bounds) is lowered
+by Numba once per session, and NVVM and ``ptxas`` run on it once per CC: the
+lowering does not depend on the CC (``test_shared_lowering_matches_a_separate_compile``
+checks that), and it is most of a compile.  Tests that reach the same kernel share
+its PTX and its ``ptxas`` report.
 """
 
 from __future__ import annotations
@@ -202,7 +208,69 @@ def _cases():
 
 CASES = _cases()
 REPORT: list[str] = []
-_BUILT: dict = {}  # private kernel builds per (kernel key, CC)
+_BUILT: dict = {}  # private kernel builds per build key
+_LOWERED: dict = {}  # Numba's code library per (build key, argument types, launch bounds)
+_PTX: dict = {}  # PTX per (kernel key, CC)
+_INFO: dict = {}  # ptxas -v report per (kernel key, CC)
+
+
+def _kernel(kind, mode, fwd, out, nsh, k, ct):
+    """The build key and a private build of one kernel (not the backend's kernel cache).
+
+    Its device functions never reach a kernel launched on a real GPU.
+    """
+    from gaescan.kernels import cuda as kern
+
+    key = (kind, mode, bool(fwd), np.dtype(out).str, int(nsh), int(k), int(ct) & kern.CT_BITS)
+    built = _BUILT.get(key)
+    if built is None:
+        built = _BUILT[key] = kern._build(kind, mode, bool(fwd), np.dtype(out), int(nsh), int(k),
+                                          int(ct) & kern.CT_BITS)
+    return key, built
+
+
+def _lower(py_func, sig, launch_bounds):
+    """Numba's code library of one kernel, or None where this numba.cuda has no
+    separate lowering step (each CC is then compiled by ``compile_ptx``)."""
+    try:
+        from numba.core.compiler_lock import global_compiler_lock
+        from numba.cuda.compiler import _compile_pyfunc_with_fixup
+    except ImportError:
+        return None
+    _FakeDevice.cc = CCS[-1]
+    kw = {} if launch_bounds is None else {"launch_bounds": launch_bounds}
+    with global_compiler_lock:
+        lib, _ = _compile_pyfunc_with_fixup(py_func, sig, device=False, abi="numba", cc=CCS[-1], **kw)
+    return lib
+
+
+def _ptx(build, sig, cc, launch_bounds=None) -> tuple[tuple, str]:
+    """The kernel key and the PTX of one kernel for ``cc``, lowered once for every CC."""
+    bkey, k = build
+    key = (bkey, sig, launch_bounds)
+    if (key, cc) not in _PTX:
+        if key not in _LOWERED:
+            _LOWERED[key] = _lower(k.py_func, sig, launch_bounds)
+        lib = _LOWERED[key]
+        if lib is None:
+            _FakeDevice.cc = cc
+            kw = {} if launch_bounds is None else {"launch_bounds": launch_bounds}
+            _PTX[key, cc] = cuda.compile_ptx(k.py_func, sig, cc=cc, **kw)[0]
+        else:
+            (_PTX[key, cc],) = lib.get_asm_strs(cc=cc)
+        # The LLVM modules are large: keep the few most recent libraries (a test asks
+        # for each CC of its kernel in turn); one dropped too early is lowered again.
+        if all((key, c) in _PTX for c in CCS) or len(_LOWERED) > 4:
+            _LOWERED.pop(key if all((key, c) in _PTX for c in CCS) else next(iter(_LOWERED)), None)
+    return key, _PTX[key, cc]
+
+
+def _report(build, sig, cc, launch_bounds=None) -> tuple[str, str]:
+    """The PTX of one kernel for ``cc`` and ``ptxas -v``'s report on it (one run per kernel and CC)."""
+    key, ptx = _ptx(build, sig, cc, launch_bounds)
+    if (key, cc) not in _INFO:
+        _INFO[key, cc] = _ptxas_info(ptx, cc)
+    return ptx, _INFO[key, cc]
 
 
 def _ptxas_info(ptx: str, cc) -> str:
@@ -251,14 +319,7 @@ def _compile_and_check(case, cc, layout):
         name = f"{name} [{layout}]"
     nsh = int(cb.TUNABLES["threads"])
     kk = int(cb.TUNABLES["k_f64" if np.dtype(out) == np.float64 else "k"])
-    # A private build (not the backend's kernel cache): its device functions are
-    # compiled for this CC only and never reach a kernel launched on a real GPU.
-    _FakeDevice.cc = cc
-    key = (kind, mode, bool(fwd), np.dtype(out).str, nsh, kk, ct, cc)
-    k = _BUILT.get(key)
-    if k is None:
-        k = _BUILT[key] = kern._build(kind, mode, bool(fwd), np.dtype(out), nsh, kk, ct & kern.CT_BITS)
-    ptx, _ = cuda.compile_ptx(k.py_func, _sig(kind, out, inp, flag, coeff, layout), cc=cc)
+    ptx, info = _report(_kernel(kind, mode, fwd, out, nsh, kk, ct), _sig(kind, out, inp, flag, coeff, layout), cc)
     if mode == kern.MODE_ROWS:
         need, absent = ("bar.sync",), ("atom.global",)
     elif ct & kern.OPT_FASTLB:
@@ -270,7 +331,6 @@ def _compile_and_check(case, cc, layout):
         assert op in ptx, f"{op} missing from the PTX of {name}"
     for op in absent:
         assert op not in ptx, f"{op} in the PTX of {name}"
-    info = _ptxas_info(ptx, cc)
     regs = [int(x) for x in re.findall(r"Used (\d+) registers", info)]
     smem = [int(x) for x in re.findall(r"(\d+) bytes smem", info)]
     stores = [int(x) for x in re.findall(r"(\d+) bytes spill stores", info)]
@@ -283,6 +343,28 @@ def _compile_and_check(case, cc, layout):
     assert regs, f"no register report from ptxas:\n{info}"
     assert sum(stores) == 0 and sum(loads) == 0, f"local-memory spills in {name}:\n{info}"
     return max(regs)
+
+
+def test_shared_lowering_matches_a_separate_compile(toolchain):
+    # The other tests lower each kernel once and let NVVM translate it for every CC.
+    # A build compiled from scratch for sm_80 (device functions included) gives the
+    # same PTX, apart from the names Numba numbers per compile.
+    from gaescan.kernels import cuda as kern
+
+    def code(ptx):
+        ptx = re.sub(r"_Z[\w$]+", "SYMBOL", ptx)
+        ptx = re.sub(r"_cudapy_smem_\d+", "SMEM", ptx)
+        return [line for line in ptx.splitlines() if not line.lstrip().startswith("//")]
+
+    cc = CCS[0]
+    args = (kern.GAE_V, kern.MODE_ROWS, False, np.float32, 128, 8, kern.OPT_MASK)
+    sig = _sig(kern.GAE_V, np.float32, np.float32, np.bool_)
+    _, shared = _ptx(_kernel(*args), sig, cc)
+    _FakeDevice.cc = cc
+    fresh = kern._build(*args[:3], np.dtype(np.float32), *args[4:])
+    separate, _ = cuda.compile_ptx(fresh.py_func, sig, cc=cc)
+    assert f".target sm_{cc[0]}{cc[1]}" in shared
+    assert code(shared) == code(separate)
 
 
 def _resources(info: str) -> tuple[int, int, int]:
@@ -303,13 +385,11 @@ def test_shared_steps_free_registers_for_more_blocks(toolchain, k):
     from gaescan.kernels import cuda as kern
 
     cc = CCS[-1]
-    _FakeDevice.cc = cc
     sig = _sig(kern.GAE_V, np.float32, np.float32, np.bool_)
     blocks = {}
     for name, ct, kk in (("default", 0, 8), ("shared", kern.OPT_SHSTEPS, k),
                          ("fast+shared", kern.OPT_SHSTEPS | kern.OPT_FASTLB, k)):
-        kd = kern._build(kern.GAE_V, kern.MODE_LOOKBACK, False, np.dtype(np.float32), 128, kk, ct)
-        info = _ptxas_info(cuda.compile_ptx(kd.py_func, sig, cc=cc)[0], cc)
+        _, info = _report(_kernel(kern.GAE_V, kern.MODE_LOOKBACK, False, np.float32, 128, kk, ct), sig, cc)
         regs, smem, _ = _resources(info)
         blocks[name] = blocks_per_sm(regs, smem, 128)
         print(f"sm_90  gae-lookback-float32 {name} K={kk}: regs {regs}, {blocks[name]} blocks of 128 per SM")
@@ -328,11 +408,10 @@ def test_shared_steps_fit_eight_blocks_without_spills(toolchain, layout):
     if "launch_bounds" not in inspect.signature(cuda.compile_ptx).parameters:
         pytest.skip("this numba.cuda has no launch bounds (numba-cuda, the cuda12/cuda13 extra, has)")
     cc = CCS[-1]
-    _FakeDevice.cc = cc
     for ct in (kern.OPT_SHSTEPS, kern.OPT_SHSTEPS | kern.OPT_FASTLB):
-        k = kern._build(kern.GAE_V, kern.MODE_LOOKBACK, False, np.dtype(np.float32), 128, 8, ct)
+        build = _kernel(kern.GAE_V, kern.MODE_LOOKBACK, False, np.float32, 128, 8, ct)
         sig = _sig(kern.GAE_V, np.float32, np.float32, np.bool_, layout=layout)
-        info = _ptxas_info(cuda.compile_ptx(k.py_func, sig, cc=cc, launch_bounds=(128, 8))[0], cc)
+        _, info = _report(build, sig, cc, launch_bounds=(128, 8))
         regs, _, spills = _resources(info)
         print(f"sm_90  gae-lookback-float32 shared steps (opts {ct}) [{layout}] launch_bounds(128, 8): "
               f"regs {regs}, spill stores {spills} B")
@@ -350,12 +429,10 @@ def test_launch_bounds_cap_registers(toolchain, min_blocks):
     if "launch_bounds" not in inspect.signature(cuda.compile_ptx).parameters:
         pytest.skip("this numba.cuda has no launch bounds (numba-cuda, the cuda12/cuda13 extra, has)")
     cc = CCS[-1]
-    _FakeDevice.cc = cc
-    k = kern._build(kern.GAE_V, kern.MODE_LOOKBACK, False, np.dtype(np.float32), 128, 8, 0)
-    ptx, _ = cuda.compile_ptx(k.py_func, _sig(kern.GAE_V, np.float32, np.float32, np.bool_), cc=cc,
-                              launch_bounds=(128, min_blocks))
+    build = _kernel(kern.GAE_V, kern.MODE_LOOKBACK, False, np.float32, 128, 8, 0)
+    ptx, info = _report(build, _sig(kern.GAE_V, np.float32, np.float32, np.bool_), cc,
+                        launch_bounds=(128, min_blocks))
     assert ".minnctapersm" in ptx
-    info = _ptxas_info(ptx, cc)
     regs, _, spills = _resources(info)
     print(f"sm_90  gae-lookback-float32 launch_bounds(128, {min_blocks}): regs {regs}, spill stores {spills} B")
     assert regs * 128 * min_blocks <= 65536
@@ -459,11 +536,10 @@ def test_every_swept_kernel_compiles_and_fits_its_launch(toolchain, spec):
             pytest.skip("this numba.cuda has no launch bounds (numba-cuda, the cuda12/cuda13 extra, has)")
         kw["launch_bounds"] = bounds
     cc = CCS[-1]
-    _FakeDevice.cc = cc
     mode = kern.MODE_ROWS if mode_name == "rows" else kern.MODE_LOOKBACK
-    k = kern._build(kern.GAE_V, mode, False, np.dtype(np.float32), threads, K, opts & kern.CT_BITS)
+    build = _kernel(kern.GAE_V, mode, False, np.float32, threads, K, opts)
     sig = _sig(kern.GAE_V, np.float32, np.float32, np.bool_, layout=layout)
-    info = _ptxas_info(cuda.compile_ptx(k.py_func, sig, cc=cc, **kw)[0], cc)
+    _, info = _report(build, sig, cc, kw.get("launch_bounds"))
     regs, smem, spills = _resources(info)
     blocks = blocks_per_sm(regs, smem, threads)
     print(f"sm_90  sweep {spec}: regs {regs}, smem {smem} B, spill stores {spills} B, {blocks} blocks/SM"
