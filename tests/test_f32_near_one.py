@@ -167,3 +167,166 @@ def test_linear_scan(bk, scalar, reverse, layout, g):
     a, b = _scan_args(g, tm)
     y = gaescan.linear_scan(g if scalar else a, b, reverse=reverse, axis=0 if tm else -1, backend=bk)
     _check(y, _scan_expected(g, reverse, tm))
+
+
+# ----------------------------------------------- γ = 0.99999, 0.999995; rewards N(1, 1)
+#
+# Rewards with mean 1 and unit spread make the sums grow to about the horizon
+# 1/(1 − γ) while every step still adds noise of the sums' rounding size: the
+# hardest cases found for these two decays.
+
+HARD_GAMMAS = [0.99999, 0.999995]
+
+
+@functools.cache
+def _hard_data():
+    rng = np.random.default_rng(29)
+    r = (rng.standard_normal((R, T)) + 1).astype(F32)
+    v = rng.standard_normal((R, T)).astype(F32)
+    nv = rng.standard_normal((R, T)).astype(F32)
+    d = rng.random((R, T)) < 1e-5
+    m = rng.random((R, T)) < 0.95
+    return r, v, nv, d, m
+
+
+def _hard_gae_case(name, g, lam=1.0):
+    r, v, nv, d, m = _hard_data()
+    kw = {"dones": dict(rewards=r, values=v, gamma=g, lam=lam, dones=d),
+          "plain": dict(rewards=r, values=v, gamma=g, lam=lam),
+          "mask": dict(rewards=r, values=v, gamma=g, lam=lam, dones=d, mask=m),
+          "next": dict(rewards=r, values=v, gamma=g, lam=lam, next_values=nv, terminated=d),
+          "per_row": dict(rewards=r, values=v, gamma=np.full((R, 1), g, F32), lam=lam, dones=d)}[name]
+    return kw
+
+
+@functools.cache
+def _hard_gae_expected(name, g, tm, lam=1.0):
+    kw = _hard_gae_case(name, g, lam)
+    if tm:
+        kw = _time_major(kw)
+    return gt.gae(**kw, axis=0 if tm else -1)
+
+
+@pytest.mark.parametrize("g", HARD_GAMMAS, ids=repr)
+@pytest.mark.parametrize("tm", [False, True], ids=["rows", "time_major"])
+@pytest.mark.parametrize("name", ["dones", "plain", "mask", "next", "per_row"])
+@pytest.mark.parametrize("bk", BACKENDS)
+@pytest.mark.slow
+def test_gae_hard(bk, name, tm, g):
+    kw = _hard_gae_case(name, g)
+    if tm:
+        kw = _time_major(kw)
+    adv, ret = gaescan.gae(**kw, axis=0 if tm else -1, backend=bk)
+    A, Rt = _hard_gae_expected(name, g, tm)
+    _check(adv, A)
+    _check(ret, Rt)
+
+
+@functools.cache
+def _hard_returns_expected(g, tm, dones):
+    r, _, _, d, _ = _hard_data()
+    kw = dict(rewards=r, gamma=g, dones=d if dones else None)
+    return gt.discounted_returns(**(_time_major(kw) if tm else kw), axis=0 if tm else -1)
+
+
+@pytest.mark.parametrize("g", HARD_GAMMAS, ids=repr)
+@pytest.mark.parametrize("tm", [False, True], ids=["rows", "time_major"])
+@pytest.mark.parametrize("dones", [False, True], ids=["plain", "dones"])
+@pytest.mark.parametrize("bk", BACKENDS)
+@pytest.mark.slow
+def test_discounted_returns_hard(bk, dones, tm, g):
+    r, _, _, d, _ = _hard_data()
+    kw = dict(rewards=r, gamma=g, dones=d if dones else None)
+    out = gaescan.discounted_returns(**(_time_major(kw) if tm else kw), axis=0 if tm else -1, backend=bk)
+    _check(out, _hard_returns_expected(g, tm, dones))
+
+
+@functools.cache
+def _hard_scan_expected(g, reverse):
+    return gt.linear_scan(g, _hard_data()[0], reverse=reverse)
+
+
+@pytest.mark.parametrize("g", HARD_GAMMAS, ids=repr)
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("bk", BACKENDS)
+@pytest.mark.slow
+def test_linear_scan_hard(bk, reverse, g):
+    y = gaescan.linear_scan(g, _hard_data()[0], reverse=reverse, backend=bk)
+    _check(y, _hard_scan_expected(g, reverse))
+
+
+# ------------------------------------------- the numba backend's two float32 state builds
+#
+# Decays at most F32_STATE_MAX_DECAY (0.99) run the float32-state builds; both
+# builds meet the tolerance there.  The limit is forced up (every scalar or
+# per-row decay takes the float32 state) or down (none does).  Constant
+# rewards are the float32 state's worst case (``γ·acc`` rounds the same way at
+# every step); the constants below are the worst of 40000 at γ = 0.99.
+
+_WORST_CONSTANTS = [10.409972190856934, 0.010105191729962826, 5.178863048553467]
+
+
+@functools.cache
+def _constant_rewards():
+    return np.repeat(np.array(_WORST_CONSTANTS, F32)[:, None], T, axis=1)
+
+@pytest.fixture(params=["f32_state", "f64_state"])
+def state_build(request, monkeypatch):
+    from gaescan.backends import numba_cpu
+
+    monkeypatch.setattr(numba_cpu, "F32_STATE_MAX_DECAY", 2.0 if request.param == "f32_state" else -1.0)
+    return request.param
+
+
+@pytest.mark.parametrize("g", [0.9, 0.99], ids=repr)
+@pytest.mark.parametrize("tm", [False, True], ids=["rows", "time_major"])
+@pytest.mark.parametrize("name", ["dones", "mask", "next", "per_row"])
+@pytest.mark.slow
+def test_gae_both_state_builds(state_build, name, tm, g):
+    kw = _hard_gae_case(name, g)
+    if tm:
+        kw = _time_major(kw)
+    adv, ret = gaescan.gae(**kw, axis=0 if tm else -1, backend="numba")
+    A, Rt = _hard_gae_expected(name, g, tm)
+    _check(adv, A)
+    _check(ret, Rt)
+
+
+@pytest.mark.parametrize("g", [0.9, 0.99], ids=repr)
+@pytest.mark.parametrize("tm", [False, True], ids=["rows", "time_major"])
+@pytest.mark.slow
+def test_returns_and_scan_both_state_builds(state_build, tm, g):
+    r, _, _, d, _ = _hard_data()
+    kw = dict(rewards=r, gamma=g, dones=d)
+    out = gaescan.discounted_returns(**(_time_major(kw) if tm else kw), axis=0 if tm else -1, backend="numba")
+    _check(out, _hard_returns_expected(g, tm, True))
+    if not tm:
+        _check(gaescan.linear_scan(g, r, reverse=True, backend="numba"), _hard_scan_expected(g, True))
+
+
+@pytest.mark.slow
+def test_constant_rewards_both_state_builds_at_the_limit(state_build):
+    r = _constant_rewards()
+    z = np.zeros_like(r)
+    _check(gaescan.discounted_returns(r, gamma=0.99, backend="numba"), gt.discounted_returns(r, gamma=0.99))
+    _check(gaescan.linear_scan(0.99, r, backend="numba"), gt.linear_scan(0.99, r))
+    adv, ret = gaescan.gae(r, z, gamma=0.99, lam=1.0, backend="numba")
+    A, Rt = gt.gae(r, z, gamma=0.99, lam=1.0)
+    _check(adv, A)
+    _check(ret, Rt)
+
+
+@pytest.mark.parametrize("g", [0.995, 0.9999, 0.99999], ids=repr)
+@pytest.mark.parametrize("bk", BACKENDS)
+@pytest.mark.slow
+def test_constant_rewards_above_the_limit(bk, g):
+    """Above the limit the float32 state would miss the tolerance on constant
+    rewards; the numba backend carries float64 state there."""
+    r = _constant_rewards()
+    z = np.zeros_like(r)
+    _check(gaescan.discounted_returns(r, gamma=g, backend=bk), gt.discounted_returns(r, gamma=g))
+    _check(gaescan.linear_scan(g, r, reverse=True, backend=bk), gt.linear_scan(g, r, reverse=True))
+    adv, ret = gaescan.gae(r, z, gamma=g, lam=1.0, backend=bk)
+    A, Rt = gt.gae(r, z, gamma=g, lam=1.0)
+    _check(adv, A)
+    _check(ret, Rt)

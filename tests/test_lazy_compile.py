@@ -30,13 +30,13 @@ _ONE_CALL = textwrap.dedent("""
     import numpy as np
     import gaescan
     from gaescan.kernels import cpu
-    before = [(k.__name__, str(dt), s) for k, dt, s in cpu.builds() if k.compiled(dt, s)]
+    before = [(k.__name__, str(dt), s, n) for k, dt, s, n in cpu.builds() if k.compiled(dt, s, n)]
     rng = np.random.default_rng(0)
     r = rng.standard_normal((4, 1000)).astype(np.float32)
     v = rng.standard_normal((4, 1000)).astype(np.float32)
     d = rng.random((4, 1000)) < 0.05
     adv, ret = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d)
-    after = [(k.__name__, str(dt), s) for k, dt, s in cpu.builds() if k.compiled(dt, s)]
+    after = [(k.__name__, str(dt), s, n) for k, dt, s, n in cpu.builds() if k.compiled(dt, s, n)]
     np.save(sys.argv[1], np.stack([adv, ret]))
     print(json.dumps({"file": gaescan.__file__, "before": before, "after": after}))
 """)
@@ -76,7 +76,9 @@ def _close(got, want):
 def test_first_call_compiles_only_what_it_needs(tmp_path):
     info, res = _call_in_subprocess(tmp_path, {"NUMBA_CACHE_DIR": str(tmp_path / "cache")})
     assert info["before"] == []
-    assert len(info["after"]) == 1 and info["after"][0][1] == "float32", info["after"]
+    # one build: float32, float32 state (γλ = 0.99·0.95 is far from 1)
+    assert len(info["after"]) == 1, info["after"]
+    assert info["after"][0][1:] == ["float32", False, True], info["after"]
     assert any((tmp_path / "cache").rglob("*.nbi")), "nothing written to the disk cache"
     _close(res, _expected())
 
@@ -129,3 +131,14 @@ def test_warmup_compiles_every_build():
             assert len(k._builds[np.dtype(dt), False].signatures) == 1
             if k.parallel:
                 assert k.compiled(dt, serial=True)
+        # float32 also has float32-state builds, each its own dispatcher
+        assert k.narrow
+        assert k.compiled(np.float32, narrow=True) and not k.compiled(np.float64, narrow=True)
+        assert len(k._narrow_builds[False].signatures) == 1
+        assert k._narrow_builds[False] is not k._builds[np.dtype(np.float32), False]
+        if k.parallel:
+            assert k.compiled(np.float32, serial=True, narrow=True)
+    names = [s[2] for s in seen]
+    assert len(set(names)) == n, "two builds share a progress name"
+    assert sum("f32-state" in name for name in names) == sum(
+        2 if k.parallel else 1 for k in cpu.all_kernels())

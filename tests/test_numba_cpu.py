@@ -192,11 +192,14 @@ def test_specialisation_counts():
         assert len(k.signatures) == 2, (k, k.signatures)
     # a call compiles its dtype's build, closed to that one signature, and
     # other argument layouts (C-contiguous here, "A" in the signature) reuse it
+    # (a = 0.5 takes the float32-state build, a = 1 the float64-state one)
     x = np.zeros((2, 5), np.float32)
-    gaescan.linear_scan(0.5, x, backend="numba")
-    build = cpu.scan_rows._builds[np.dtype(np.float32), False]
-    gaescan.linear_scan(0.5, np.zeros((4, 9), np.float32)[::2, ::3], backend="numba")
-    assert len(build.signatures) == 1
+    for a, builds, key in [(0.5, cpu.scan_rows._narrow_builds, False),
+                           (1.0, cpu.scan_rows._builds, (np.dtype(np.float32), False))]:
+        gaescan.linear_scan(a, x, backend="numba")
+        build = builds[key]
+        gaescan.linear_scan(a, np.zeros((4, 9), np.float32)[::2, ::3], backend="numba")
+        assert len(build.signatures) == 1
 
 
 # ------------------------------------------------------------- returned vs out= outputs
@@ -339,3 +342,174 @@ def test_time_major_returns_and_scans(R):
     for reverse in (False, True):
         got = gaescan.linear_scan(a, r, reverse=reverse, initial=lv, axis=0, backend="numba")
         assert_close(got, gt.linear_scan(a, r, reverse=reverse, initial=lv, axis=0), np.float32)
+
+
+# ------------------------------------------------------------ float32-state builds
+
+
+@pytest.fixture
+def build_spy(monkeypatch):
+    """Record ``(kernel name, "f32" | "f64")``: which state build each
+    top-level kernel call of a float32 output runs."""
+    calls = []
+    plain_call, f32_call = cpu.Kernel.__call__, cpu.Kernel.f32_state
+
+    def plain(self, *args):
+        calls.append((self.__name__, "f64"))
+        return plain_call(self, *args)
+
+    def narrow(self, *args):
+        if args[-1].dtype == np.float32:
+            calls.append((self.__name__, "f32"))
+        return f32_call(self, *args)
+
+    monkeypatch.setattr(cpu.Kernel, "__call__", plain)
+    monkeypatch.setattr(cpu.Kernel, "f32_state", narrow)
+    return calls
+
+
+_F4_MAX = float(np.float32(0.99))  # F32_STATE_MAX_DECAY, a float32 value
+_F4_OVER = float(np.nextafter(np.float32(0.99), np.float32(1)))
+
+
+def _gae_spy_case(name, dtype, rng):
+    R, T = 4, 300
+    r = rng.standard_normal((R, T)).astype(dtype)
+    v = rng.standard_normal((R, T)).astype(dtype)
+    d = rng.random((R, T)) < 0.05
+    m = rng.random((R, T)) < 0.9
+    per_row = np.array([[0.9], [0.99], [0.5], [_F4_MAX]], dtype=dtype)
+    cases = {
+        # name: (call, expected state, kernel)
+        "scalar": (dict(gamma=0.99, lam=0.95, dones=d), "f32", "gae_rows_fused_1t"),
+        "scalar-at-limit": (dict(gamma=_F4_MAX, lam=1.0, dones=d), "f32", "gae_rows_fused_1t"),
+        "scalar-over-limit": (dict(gamma=_F4_OVER, lam=1.0, dones=d), "f64", "gae_rows_fused_1t"),
+        # γ enters δ once per step: only γλ counts
+        "gamma-near-1-small-lam": (dict(gamma=0.9999999, lam=0.9), "f32", "gae_rows_fused_1t"),
+        "lam-near-1": (dict(gamma=1.0, lam=0.99999), "f64", "gae_rows_fused_1t"),
+        "per-row": (dict(gamma=per_row, lam=1.0, dones=d), "f32", "gae_rows_fused_1t"),
+        "per-row-one-over": (dict(gamma=np.where(per_row == 0.5, 0.99999, per_row).astype(dtype), lam=1.0, dones=d),
+                             "f64", "gae_rows_fused_1t"),
+        "per-step": (dict(gamma=np.full((R, T), 0.5, dtype), lam=0.5, dones=d), "f64", "gae_rows"),
+        "per-step-lam": (dict(gamma=0.5, lam=np.full((R, T), 0.5, dtype)), "f64", "gae_rows"),
+        "mask": (dict(gamma=0.99, lam=0.95, dones=d, mask=m), "f32", "gae_rows_fused_1t"),
+        "next+mask": (dict(gamma=0.99, lam=0.95, next_values=v, terminated=d, mask=m), "f32", "gae_rows"),
+        "packed": (dict(gamma=0.99, lam=0.95, cu_seqlens=np.array([0, 17, R * T])), "f32", "gae_rows"),
+        "packed-near-1": (dict(gamma=0.99999, lam=1.0, cu_seqlens=np.array([0, 17, R * T])), "f64",
+                          "gae_rows"),
+        "time-major": (dict(gamma=0.99, lam=0.95, dones=d, axis=0), "f32", "gae_timemajor"),
+        "time-major-next": (dict(gamma=0.99, lam=0.95, next_values=v, terminated=d, axis=0), "f32",
+                            "gae_timemajor_next"),
+        "time-major-mask": (dict(gamma=0.99, lam=0.95, dones=d, mask=m, axis=0), "f32", "gae_tm"),
+        "time-major-near-1": (dict(gamma=0.99999, lam=1.0, dones=d, axis=0), "f64", "gae_timemajor"),
+    }
+    kw, state, kernel = cases[name]
+    if kw.get("axis") == 0:
+        kw = {k: np.ascontiguousarray(x.T) if isinstance(x, np.ndarray) and x.ndim == 2 else x
+              for k, x in kw.items()}
+        r, v = np.ascontiguousarray(r.T), np.ascontiguousarray(v.T)
+    if "cu_seqlens" in kw:
+        r, v = r.reshape(-1), v.reshape(-1)
+    return r, v, kw, state, kernel
+
+
+_GAE_SPY = ["scalar", "scalar-at-limit", "scalar-over-limit", "gamma-near-1-small-lam", "lam-near-1",
+            "per-row", "per-row-one-over", "per-step", "per-step-lam", "mask", "next+mask", "packed",
+            "packed-near-1", "time-major", "time-major-next", "time-major-mask", "time-major-near-1"]
+
+
+@pytest.mark.parametrize("name", _GAE_SPY)
+def test_gae_state_build_choice(build_spy, name):
+    r, v, kw, state, kernel = _gae_spy_case(name, np.float32, np.random.default_rng(3))
+    adv, ret = gaescan.gae(r, v, **kw, backend="numba")
+    assert build_spy == [(kernel, state)]
+    A, Rt = gt.gae(r, v, **kw)
+    gt.assert_close(adv, A, dtype=np.float32)
+    gt.assert_close(ret, Rt, dtype=np.float32)
+    # float64 outputs always run the float64 build
+    build_spy.clear()
+    r64, v64, kw64, _, _ = _gae_spy_case(name, np.float64, np.random.default_rng(3))
+    gaescan.gae(r64, v64, **kw64, backend="numba")
+    assert [s for _, s in build_spy] == ["f64"] * len(build_spy) and build_spy
+
+
+@pytest.mark.parametrize(("gamma", "state"), [
+    (0.99, "f32"), (_F4_MAX, "f32"), (_F4_OVER, "f64"), (0.9999, "f64"), (0.99999, "f64"),
+    (np.array([[0.9], [0.99]], np.float32), "f32"), (np.array([[0.9], [0.999995]], np.float32), "f64"),
+    (np.full((2, 50), 0.5, np.float32), "f64"),
+], ids=["0.99", "limit", "over", "0.9999", "0.99999", "per-row", "per-row-over", "per-step"])
+@pytest.mark.parametrize("layout", ["rows", "time-major", "packed"])
+def test_returns_state_build_choice(build_spy, gamma, state, layout):
+    r = np.random.default_rng(4).standard_normal((2, 50)).astype(np.float32)
+    kw = {}
+    if layout == "time-major":
+        r, kw = np.ascontiguousarray(r.T), {"axis": 0}
+        gamma = np.ascontiguousarray(gamma.T) if isinstance(gamma, np.ndarray) else gamma
+        kernel = "returns_tm"
+    elif layout == "packed":
+        if isinstance(gamma, np.ndarray):
+            gamma = gamma.reshape(-1) if gamma.shape[1] > 1 else float(gamma.max())
+        r, kw = r.reshape(-1), {"cu_seqlens": np.array([0, 30, 100])}
+        kernel = "returns_rows"
+    else:
+        kernel = "returns_rows"
+    out = gaescan.discounted_returns(r, gamma=gamma, **kw, backend="numba")
+    if layout == "packed" and isinstance(gamma, float):
+        state = "f32" if gamma <= _F4_MAX else "f64"
+    assert build_spy == [(kernel, state)]
+    gt.assert_close(out, gt.discounted_returns(r, gamma=gamma, **kw), dtype=np.float32)
+
+
+@pytest.mark.parametrize(("a", "state"), [
+    (0.5, "f32"), (-0.99, "f32"), (-_F4_MAX, "f32"), (-_F4_OVER, "f64"), (1.0, "f64"),
+    (np.array([[0.9], [-0.99]], np.float32), "f32"), (np.array([[0.9], [-0.99999]], np.float32), "f64"),
+    (np.full((2, 50), 0.5, np.float32), "f64"),
+], ids=["0.5", "-0.99", "-limit", "-over", "1", "per-row", "per-row-over", "per-step"])
+@pytest.mark.parametrize("layout", ["rows", "time-major"])
+def test_scan_state_build_choice(build_spy, a, state, layout):
+    b = np.random.default_rng(5).standard_normal((2, 50)).astype(np.float32)
+    kw, kernel = {}, "scan_rows"
+    if layout == "time-major":
+        b, kw, kernel = np.ascontiguousarray(b.T), {"axis": 0}, "scan_tm"
+        a = np.ascontiguousarray(a.T) if isinstance(a, np.ndarray) else a
+    y = gaescan.linear_scan(a, b, **kw, backend="numba")
+    assert build_spy == [(kernel, state)]
+    gt.assert_close(y, gt.linear_scan(a, b, **kw), dtype=np.float32)
+
+
+def test_f32_state_limit():
+    from gaescan.backends import numba_cpu
+
+    assert numba_cpu.F32_STATE_MAX_DECAY == _F4_MAX
+
+
+def test_f32_state_builds_are_distinct():
+    """The float32-state build is its own dispatcher under its own name (the
+    disk cache keys on names), and float64 has none."""
+    cpu.scan_rows.f32_state(np.zeros((1, 3), np.float32), np.ones((1, 3), np.float32), False,
+                            np.zeros(1, np.float32), out := np.empty((1, 3), np.float32))
+    assert np.array_equal(out, np.ones((1, 3)))
+    assert cpu.scan_rows.compiled(np.float32, narrow=True)
+    narrow = cpu.scan_rows._narrow_builds[False]
+    assert narrow.py_func.__qualname__.endswith("_f4")
+    assert narrow is not cpu.scan_rows._builds.get((np.dtype(np.float32), False))
+    with pytest.raises(TypeError, match="float32-state"):
+        cpu.scan_rows.compile(np.float64, narrow=True)
+
+
+def test_state_helpers_cover_every_state_helper():
+    """The float32-state builds rebind ``_f8`` in copies of the helpers named
+    in ``_STATE_HELPERS``: every njit helper that reads ``_f8`` or calls such
+    a helper is named there (else its float32-state copy would keep float64)."""
+    from numba.core.registry import CPUDispatcher
+
+    helpers = {n: f for n, f in vars(cpu).items() if isinstance(f, CPUDispatcher)}
+    assert set(cpu._STATE_HELPERS) <= set(helpers)
+    state = set(cpu._STATE_HELPERS)
+    for name, f in helpers.items():
+        names = set(f.py_func.__code__.co_names)
+        if "_f8" in names or names & state:
+            assert name in state, name
+    for k in cpu.all_kernels():
+        names = set(k.py_func.__code__.co_names)
+        assert "_f8" in names or names & state, k.__name__

@@ -14,6 +14,22 @@ to the general kernels: per sequence for batch-major and packed rows, sweeping
 blocks of batch columns for time-major views (``gae_tm``, ``returns_tm``,
 ``scan_tm``).
 
+State precision: a float32 output carries its recurrence state in float64
+(:mod:`gaescan.kernels.cpu`) unless every decay is known to be far from 1:
+γ and λ (GAE), γ (returns) or ``a`` (linear_scan) scalar or per-row, with the
+largest ``|γ·λ|`` / ``|γ|`` / ``|a|`` at most ``F32_STATE_MAX_DECAY``.  Those
+calls run the kernels' float32-state builds (``Kernel.f32_state``), which
+take fewer instructions per step.  GAE's δ uses γ once per step (no
+accumulation), so only the decay of the carried advantage, γλ, counts.  The
+relative error of a float32 state grows with the horizon ``1/(1 − decay)``:
+about as the float32 rounding times its square root for noisy rewards, and
+linearly (the worst case) for constant rewards, where ``γ·acc`` rounds the
+same way at every step.  At decays up to ``F32_STATE_MAX_DECAY`` it stays
+within the SPEC's float32 tolerance on 2^17-step rows even then
+(``tests/test_f32_near_one.py``).  Per-step coefficient arrays
+(not inspected per call) and decays closer to 1 keep the float64 state.
+float64 outputs always run the float64 builds.
+
 Copies (documented costs, all O(rows) except the last two): per-row
 coefficient columns and boundary values; data arrays not already of the
 output dtype (float16 / integer inputs) are cast, and flags wider than one
@@ -35,6 +51,34 @@ _ZERO8 = np.zeros(1, dtype=np.uint8)
 _ZERO8.flags.writeable = False
 _ONE8 = np.ones(1, dtype=np.uint8)
 _ONE8.flags.writeable = False
+_F4 = np.dtype(np.float32)
+
+#: The largest decay (``|γ·λ|`` for GAE, ``|γ|`` for returns, ``|a|`` for
+#: linear_scan) at which a float32 output carries its state in float32: 0.99
+#: as float32 (just above 0.99, so that γ = 0.99 is included).  Constant
+#: rewards are the worst case: each step rounds ``γ·acc`` the same way and
+#: the error grows linearly with the horizon, reaching the SPEC's float32
+#: tolerance a little above this decay.
+F32_STATE_MAX_DECAY = float(np.float32(0.99))
+
+
+def _narrow(rows: Rows, *coeffs: Coeff) -> bool:
+    """Whether a float32 output may carry its state in float32: each
+    coefficient scalar or per-row, and the largest absolute product of the
+    coefficients (as the kernels see them, rounded to float32) at most
+    ``F32_STATE_MAX_DECAY``.  A NaN coefficient answers ``False``."""
+    if rows.dtype != _F4:
+        return False
+    decay: Any = 1.0
+    for c in coeffs:
+        if isinstance(c, float):
+            decay = decay * abs(float(np.float32(c)))
+            continue
+        col = _column(c, rows)
+        if col is None or col.size == 0:
+            return False
+        decay = decay * np.abs(col.astype(np.float64))
+    return bool(np.max(decay) <= F32_STATE_MAX_DECAY)
 
 
 def _data(x: Any, rows: Rows) -> np.ndarray:
@@ -129,11 +173,42 @@ def gae(p: GAEProblem) -> None:
     ]
     nv, bound, carry = p.next_values is not None, _bound(p.last_value, rows), _bound(p.last_advantage, rows)
     zero = rows.dtype.type(0)
+    narrow = _narrow(rows, p.gamma, p.lam)
     if _sweep_time_major(rows, r):
-        cpu.gae_tm(*[a.T for a in args], nv, bound, carry, zero, p.advantages.T, p.returns.T)
+        _run(cpu.gae_tm, narrow)(*[a.T for a in args], nv, bound, carry, zero, p.advantages.T, p.returns.T)
         return
     cu, packed = _offsets(rows)
-    cpu.gae_rows(*args, nv, bound, carry, cu, packed, zero, p.advantages, p.returns)
+    _run(cpu.gae_rows, narrow)(*args, nv, bound, carry, cu, packed, zero, p.advantages, p.returns)
+
+
+def _run(kernel: cpu.Kernel, narrow: bool) -> Any:
+    """The kernel's float32-state call when ``narrow``, else its plain call."""
+    return kernel.f32_state if narrow else kernel
+
+
+# The choice for scalar (γ, λ) pairs: training loops repeat the same pair, and
+# rounding both to float32 costs more than a lookup.  NaN keys never match and
+# are recomputed (a NaN decay answers False).
+_scalar_narrow: dict[tuple[float, float, float], bool] = {}
+
+
+def _gae_narrow(p: GAEProblem, rows: Rows, gcol: np.ndarray, lcol: np.ndarray) -> bool:
+    """:func:`_narrow` for GAE's decay γλ on the fused paths (scalars without
+    array work: the small-call path)."""
+    if rows.dtype != _F4:
+        return False
+    if isinstance(p.gamma, float) and isinstance(p.lam, float):
+        key = (p.gamma, p.lam, F32_STATE_MAX_DECAY)
+        narrow = _scalar_narrow.get(key)
+        if narrow is None:
+            if len(_scalar_narrow) > 64:
+                _scalar_narrow.clear()
+            narrow = abs(float(np.float32(p.gamma)) * float(np.float32(p.lam))) <= F32_STATE_MAX_DECAY
+            _scalar_narrow[key] = narrow
+        return narrow
+    if gcol.size == 0:
+        return False
+    return bool(np.max(np.abs(gcol.astype(np.float64) * lcol)) <= F32_STATE_MAX_DECAY)
 
 
 def _gae_fast(p: GAEProblem, rows: Rows, gcol: np.ndarray, lcol: np.ndarray) -> bool:
@@ -146,6 +221,7 @@ def _gae_fast(p: GAEProblem, rows: Rows, gcol: np.ndarray, lcol: np.ndarray) -> 
     bound = _bound(p.last_value, rows)
     carry = _bound(p.last_advantage, rows)
     adv, ret = p.advantages, p.returns
+    narrow = _gae_narrow(p, rows, gcol, lcol)
     if _sweep_time_major(rows, r):
         if mask is not None or not _time_major(r, v, adv, ret):
             return False
@@ -153,15 +229,15 @@ def _gae_fast(p: GAEProblem, rows: Rows, gcol: np.ndarray, lcol: np.ndarray) -> 
             nv = _data(p.next_values, rows)
             if not _time_major(nv):
                 return False
-            cpu.gae_timemajor_next(r.T, v.T, nv.T, _flag(p.terminated, rows, False).T,
+            _run(cpu.gae_timemajor_next, narrow)(r.T, v.T, nv.T, _flag(p.terminated, rows, False).T,
                                    _flag(p.truncated, rows, False).T, gcol, lcol, carry, adv.T, ret.T)
             return True
         if term is not None and not _time_major(term):
             return False
-        cpu.gae_timemajor(r.T, v.T, _NO_FLAGS if term is None else term.T, term is not None,
+        _run(cpu.gae_timemajor, narrow)(r.T, v.T, _NO_FLAGS if term is None else term.T, term is not None,
                           gcol, lcol, bound, carry, adv.T, ret.T)
         return True
-    kernel = _rows_kernel(rows.R, rows.T)
+    kernel = _run(_rows_kernel(rows.R, rows.T), narrow)
     if p.next_values is not None:
         # the next_values loop reads both flags: absent ones as zero-stride views of 0
         kernel(r, v, _data(p.next_values, rows), True, _flag(p.terminated, rows, False), term is not None,
@@ -177,20 +253,22 @@ def discounted_returns(p: ReturnsProblem) -> None:
     r = _data(p.rewards, rows)
     args = [r, _coeff(p.gamma, rows), _flag(p.dones, rows, False), _flag(p.mask, rows, True)]
     bound, zero = _bound(p.last_value, rows), rows.dtype.type(0)
+    narrow = _narrow(rows, p.gamma)
     if _sweep_time_major(rows, r):
-        cpu.returns_tm(*[a.T for a in args], bound, zero, p.returns.T)
+        _run(cpu.returns_tm, narrow)(*[a.T for a in args], bound, zero, p.returns.T)
         return
     cu, packed = _offsets(rows)
-    cpu.returns_rows(*args, bound, cu, packed, zero, p.returns)
+    _run(cpu.returns_rows, narrow)(*args, bound, cu, packed, zero, p.returns)
 
 
 def linear_scan(p: ScanProblem) -> None:
     rows = p.rows
     a, b = _coeff(p.a, rows), _data(p.b, rows)
+    narrow = _narrow(rows, p.a)
     if _sweep_time_major(rows, b):
-        cpu.scan_tm(a.T, b.T, p.reverse, _bound(p.initial, rows), p.out.T)
+        _run(cpu.scan_tm, narrow)(a.T, b.T, p.reverse, _bound(p.initial, rows), p.out.T)
         return
-    cpu.scan_rows(a, b, p.reverse, _bound(p.initial, rows), p.out)
+    _run(cpu.scan_rows, narrow)(a, b, p.reverse, _bound(p.initial, rows), p.out)
 
 
 def _sweep_time_major(rows: Rows, x: np.ndarray) -> bool:

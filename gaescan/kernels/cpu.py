@@ -17,13 +17,21 @@ same argument kinds:
 * ``zero`` is 0 of the output dtype (what masked positions store).
 
 The recurrence state (the carried advantage, return or ``y``) and its decay
-(γλ, γ or ``a``) are float64 in every kernel: float32 inputs are widened where
-they meet the state, and outputs are rounded to float32 on store.  With γ just
+(γλ, γ or ``a``) are float64 in every kernel's default build: float32 inputs
+are widened where they meet the state, and outputs are rounded to float32 on
+store.  With γ just
 below 1 a float32 state rounds ``γ·acc`` the same way at every step and drifts
 over long rows; a float64 state does not, and it adds no memory traffic.  The
 GAE kernels compute each step's δ in the data dtype (one rounding per step,
 which does not accumulate).  For float64 data every widening is the identity,
 so float64 results are bit for bit those of a float64 loop.
+
+Each float32 kernel also has a float32-state build (:meth:`Kernel.f32_state`):
+the same code with ``_f8`` bound to float32, so that state and decay stay in
+float32, as in a textbook float32 loop.  It runs fewer instructions per step
+(no widening or rounding conversions).  Its state drift grows with the
+horizon ``1/(1 − decay)``, so the backend uses it only where every decay is
+known to be far from 1 (see :mod:`gaescan.backends.numba_cpu`).
 
 The general kernels below run sequences in parallel (``prange``), each one a
 serial scan; they serve every feature combination.  The fast paths at the end
@@ -43,11 +51,13 @@ from typing import Any
 
 import numpy as np
 from numba import njit, prange, types
+from numba.core.caching import NullCache
 
 from .. import _threading
 
 _FLOATS = (types.float32, types.float64)
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_F4 = np.dtype(np.float32)
 _f8 = np.float64
 
 # One lock for all compilation: a kernel compiles each signature once, even
@@ -77,11 +87,14 @@ class Kernel:
         The Python function of the kernel.
     signatures : list of numba signatures
         One per entry of ``_DTYPES`` (float32, float64), in that order.
+    narrow : bool
+        Whether the kernel has a float32-state build (see :meth:`f32_state`).
     **options
         Options for :func:`numba.njit` (``parallel``, ``fastmath``, ...).
     """
 
-    def __init__(self, func: Callable[..., Any], signatures: list[Any], **options: Any):
+    def __init__(self, func: Callable[..., Any], signatures: list[Any], *, narrow: bool = False,
+                 **options: Any):
         self.py_func = func
         self.__name__ = func.__name__
         self.__qualname__ = func.__qualname__
@@ -90,23 +103,45 @@ class Kernel:
         self.signatures = dict(zip(_DTYPES, signatures, strict=True))
         self.parallel = bool(options.get("parallel", False))
         self._options = {**options, "cache": True, "nogil": True}
+        self.narrow = bool(narrow)
         self._builds: dict[tuple[np.dtype, bool], Any] = {}
+        # float32-state builds, keyed on ``serial``
+        self._narrow_builds: dict[bool, Any] = {}
         _REGISTRY.append(self)
 
+    def _serial(self) -> bool:
+        if not self.parallel:
+            return False
+        if _threading.layer() is None:
+            # before any parallel build runs: the layer decides serial_here()
+            _threading.configure()
+        return _threading.serial_here()
+
     def __call__(self, *args: Any) -> Any:
-        serial = False
-        if self.parallel:
-            if _threading.layer() is None:
-                # before any parallel build runs: the layer decides serial_here()
-                _threading.configure()
-            serial = _threading.serial_here()
+        serial = self._serial()
         try:
             build = self._builds[args[-1].dtype, serial]
         except KeyError:
             build = self.compile(args[-1].dtype, serial)
         return build(*args)
 
-    def compile(self, dtype: Any, serial: bool = False) -> Any:
+    def f32_state(self, *args: Any) -> Any:
+        """Call the kernel, carrying a float32 output's state in float32.
+
+        For a float32 output this runs the float32-state build (state and
+        decay in float32: fewer instructions per step, but a state drift that
+        grows with the horizon ``1/(1 − decay)``); for a float64 output, or a
+        kernel without such a build, it is the plain call.
+        """
+        if not self.narrow or args[-1].dtype != _F4:
+            return self(*args)
+        serial = self._serial()
+        build = self._narrow_builds.get(serial)
+        if build is None:
+            build = self.compile(_F4, serial, narrow=True)
+        return build(*args)
+
+    def compile(self, dtype: Any, serial: bool = False, narrow: bool = False) -> Any:
         """Compile (or load from the disk cache) the build for ``dtype``.
 
         Parameters
@@ -115,6 +150,8 @@ class Kernel:
             float32 or float64, the output dtype.
         serial : bool
             The serial build of a parallel kernel.
+        narrow : bool
+            The float32-state build (float32 only, see :meth:`f32_state`).
 
         Returns
         -------
@@ -124,43 +161,83 @@ class Kernel:
         dt = np.dtype(dtype)
         if dt not in self.signatures:
             raise TypeError(f"{self.__name__}: no kernel for dtype {dt}; the kernels take float32 or float64")
-        key = (dt, serial and self.parallel)
+        if narrow and (dt != _F4 or not self.narrow):
+            raise TypeError(f"{self.__name__}: no float32-state build for dtype {dt}")
+        serial = serial and self.parallel
+        table: dict[Any, Any] = self._narrow_builds if narrow else self._builds
+        key: Any = serial if narrow else (dt, serial)
         with _COMPILE_LOCK:
-            build = self._builds.get(key)
+            build = table.get(key)
             if build is None:
                 options = dict(self._options)
                 func = self.py_func
-                if self.parallel:
-                    if key[1]:
-                        options["parallel"] = False
-                        func = _serial_copy(func)
-                    else:
-                        _threading.configure()
+                suffix = ""
+                namespace = func.__globals__
+                if narrow:
+                    suffix += "_f4"
+                    namespace = _f4_namespace()
+                if serial:
+                    options["parallel"] = False
+                    suffix += "_serial"
+                elif self.parallel:
+                    _threading.configure()
+                if suffix:
+                    func = _renamed(func, suffix, namespace)
                 build = njit(self.signatures[dt], **options)(func)
-                self._builds[key] = build
+                table[key] = build
         return build
 
-    def compiled(self, dtype: Any, serial: bool = False) -> bool:
+    def compiled(self, dtype: Any, serial: bool = False, narrow: bool = False) -> bool:
         """Whether the build for ``dtype`` exists in this process."""
-        return (np.dtype(dtype), serial and self.parallel) in self._builds
+        serial = serial and self.parallel
+        if narrow:
+            return np.dtype(dtype) == _F4 and serial in self._narrow_builds
+        return (np.dtype(dtype), serial) in self._builds
 
 
-def _serial_copy(func: Callable[..., Any]) -> Callable[..., Any]:
-    """``func`` under another qualified name.  Numba's disk cache keys an
-    entry on the function's name, code and signature, not on ``parallel``:
-    the serial build needs a name of its own, or it would load the parallel
-    build's machine code (and the parallel build the serial one's)."""
-    copy = FunctionType(func.__code__, func.__globals__, func.__name__ + "_serial", func.__defaults__,
+def _renamed(func: Callable[..., Any], suffix: str, namespace: dict[str, Any]) -> Callable[..., Any]:
+    """``func`` under another qualified name, resolving globals in ``namespace``.
+
+    Numba's disk cache keys an entry on the function's name, code and
+    signature, not on ``parallel`` nor on the values of globals: the serial
+    and float32-state builds need names of their own, or one would load
+    another's machine code.
+    """
+    copy = FunctionType(func.__code__, namespace, func.__name__ + suffix, func.__defaults__,
                         func.__closure__)
-    copy.__qualname__ = func.__qualname__ + "_serial"
+    copy.__qualname__ = func.__qualname__ + suffix
     copy.__module__ = func.__module__
     copy.__doc__ = func.__doc__
     return copy
 
 
+# The njit helpers that touch the recurrence state.  The float32-state builds
+# resolve their globals in a copy of this module's namespace where ``_f8`` is
+# float32 and each of these helpers is a copy compiled against that namespace.
+_STATE_HELPERS = ("_gae_at", "_ret_at", "_scan_at", "_gstep", "_mstep", "_nstep",
+                  "_gae_row", "_gae_pair", "_gae_unit")
+_F4_NAMESPACE: dict[str, Any] = {}
+
+
+def _f4_namespace() -> dict[str, Any]:
+    with _COMPILE_LOCK:
+        if not _F4_NAMESPACE:
+            namespace = dict(globals())
+            namespace["_f8"] = np.float32
+            for name in _STATE_HELPERS:
+                helper = globals()[name]
+                options = {k: v for k, v in helper.targetoptions.items() if k != "nopython"}
+                if not isinstance(helper._cache, NullCache):
+                    options["cache"] = True
+                namespace[name] = njit(**options)(_renamed(helper.py_func, "_f4", namespace))
+            _F4_NAMESPACE.update(namespace)
+    return _F4_NAMESPACE
+
+
 def kernel(signatures: list[Any], **options: Any) -> Callable[[Callable[..., Any]], Kernel]:
-    """Decorator: a :class:`Kernel` with these signatures and njit options."""
-    return lambda func: Kernel(func, signatures, **options)
+    """Decorator: a :class:`Kernel` with these signatures and njit options,
+    and a float32-state build."""
+    return lambda func: Kernel(func, signatures, narrow=True, **options)
 
 
 def all_kernels() -> list[Kernel]:
@@ -168,14 +245,16 @@ def all_kernels() -> list[Kernel]:
     return list(_REGISTRY)
 
 
-def builds() -> Iterator[tuple[Kernel, np.dtype, bool]]:
-    """Every ``(kernel, dtype, serial)`` build that :func:`compile_all` makes:
-    both dtypes of every kernel, and the serial build of each parallel one."""
+def builds() -> Iterator[tuple[Kernel, np.dtype, bool, bool]]:
+    """Every ``(kernel, dtype, serial, narrow)`` build that :func:`compile_all`
+    makes: both dtypes of every kernel, the serial build of each parallel one,
+    and the float32-state builds (``narrow``) of float32."""
     for k in _REGISTRY:
         for dt in _DTYPES:
-            yield k, dt, False
-            if k.parallel:
-                yield k, dt, True
+            for narrow in (False, True) if k.narrow and dt == _F4 else (False,):
+                yield k, dt, False, narrow
+                if k.parallel:
+                    yield k, dt, True, narrow
 
 
 def compile_all(progress: Callable[[int, int, str], None] | None = None) -> int:
@@ -192,10 +271,11 @@ def compile_all(progress: Callable[[int, int, str], None] | None = None) -> int:
         The number of builds.
     """
     todo = list(builds())
-    for n, (k, dt, serial) in enumerate(todo, 1):
-        k.compile(dt, serial)
+    for n, (k, dt, serial, narrow) in enumerate(todo, 1):
+        k.compile(dt, serial, narrow)
         if progress is not None:
-            progress(n, len(todo), f"{k.__name__}[{dt}{' serial' if serial else ''}]")
+            tags = (" f32-state" if narrow else "") + (" serial" if serial else "")
+            progress(n, len(todo), f"{k.__name__}[{dt}{tags}]")
     return len(todo)
 
 
@@ -391,7 +471,7 @@ def gae_tm(rewards, values, next_values, gamma, lam, term, trunc, mask,
     for bb in prange(nb):
         c0 = np.int64(bb) * wb
         w = min(c0 + wb, R) - c0
-        an = np.empty(w, np.float64)
+        an = np.empty(w, _f8)
         vn = np.empty(w, adv.dtype)
         for k in range(w):
             an[k] = carry[c0 + k]
@@ -414,7 +494,7 @@ def returns_tm(rewards, gamma, dones, mask, bound, zero, out):
     for bb in prange(nb):
         c0 = np.int64(bb) * wb
         w = min(c0 + wb, R) - c0
-        G = np.empty(w, np.float64)
+        G = np.empty(w, _f8)
         for k in range(w):
             G[k] = bound[c0 + k]
         for j in range(T):
@@ -434,7 +514,7 @@ def scan_tm(a, b, reverse, initial, out):
     for bb in prange(nb):
         c0 = np.int64(bb) * wb
         w = min(c0 + wb, R) - c0
-        y = np.empty(w, np.float64)
+        y = np.empty(w, _f8)
         for k in range(w):
             y[k] = initial[c0 + k]
         for j in range(T):
@@ -463,7 +543,7 @@ def _c2(ft, ro=True):
 
 @njit(inline="always", fastmath=_FM)
 def _gstep(rt, vt, vn, dt, g, gl, an):
-    # δ in the data dtype, the carried A (``an``, ``gl``) in float64.  A
+    # δ in the data dtype, the carried A (``an``, ``gl``) in ``_f8``.  A
     # select, not a multiplication by (1 - done): NaN isolation.
     x = _f8(rt + g * vn - vt) + gl * an
     y = _f8(rt - vt)
@@ -480,7 +560,7 @@ def _mstep(rt, vt, term, valid, g, gl, an, vn, zero):
     a = _f8(rt - vt) if term else x
     if valid:
         return a, vt, a, vt
-    return an, vn, 0.0, zero
+    return an, vn, _f8(0.0), zero
 
 
 @njit(inline="always", fastmath=_FM)
@@ -616,7 +696,8 @@ def _gae_unit(u, rewards, values, next_values, has_next, term, has_term, trunc, 
               gcol, lcol, bound, carry, adv, ret):
     # Work unit u: rows 2u and 2u + 1, or the last row alone when R is odd.
     # γ enters δ in the data dtype; γλ, the decay of the carried A, is
-    # float64 (γλ rounded to float32 would drift like a float32 state).
+    # ``_f8``, float64 outside the float32-state builds (γλ rounded to float32
+    # would drift like a float32 state).
     i = 2 * np.int64(u)
     g = gcol[i]
     if i + 1 < rewards.shape[0]:
@@ -688,10 +769,10 @@ def gae_timemajor(rewards, values, term, has_term, gcol, lcol, bound, carry, adv
         c0 = np.int64(bb) * wb
         c1 = min(c0 + wb, R)
         w = c1 - c0
-        an = np.empty(w, np.float64)
+        an = np.empty(w, _f8)
         vn = np.empty(w, rewards.dtype)
         gg = np.empty(w, rewards.dtype)
-        gl = np.empty(w, np.float64)
+        gl = np.empty(w, _f8)
         for k in range(w):
             an[k] = carry[c0 + k]
             vn[k] = bound[c0 + k]
@@ -739,9 +820,9 @@ def gae_timemajor_next(rewards, values, next_values, term, trunc, gcol, lcol, ca
         c0 = np.int64(bb) * wb
         c1 = min(c0 + wb, R)
         w = c1 - c0
-        an = np.empty(w, np.float64)
+        an = np.empty(w, _f8)
         gg = np.empty(w, rewards.dtype)
-        gl = np.empty(w, np.float64)
+        gl = np.empty(w, _f8)
         for k in range(w):
             an[k] = carry[c0 + k]
             gg[k] = gcol[c0 + k]
