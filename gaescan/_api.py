@@ -10,8 +10,11 @@ reach the same entry points.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from . import _dispatch
 from . import _validate as v
@@ -20,16 +23,22 @@ from ._problem import GAEResult
 
 __all__ = ["GAEResult", "gae", "discounted_returns", "linear_scan"]
 
+# Nobody holds a Dask array before Dask is imported: one lookup skips the scan of the arguments.
+_DASK = "dask"
 
-def _start(named: dict[str, Any], out: Any, count: int, backend: str) -> tuple[Context, str]:
-    arrays = named
-    if out is not None:
+
+def _start(kind: str, named: dict[str, Any], out: Any, count: int, backend: str) -> tuple[Context, str, tuple]:
+    """The call's context and backend, and its argument types (:func:`gaescan._dispatch.arg_types`)."""
+    types = _dispatch.arg_types(kind, named)
+    if out is None:
+        ctx = resolve(named, types)
+    else:
         arrays = dict(named)
         outs = list(out) if count > 1 and isinstance(out, (list, tuple)) else [out]
         for i, o in enumerate(outs):
             arrays[f"out[{i}]" if count > 1 else "out"] = o
-    ctx = resolve(arrays)
-    return ctx, _dispatch.choose(backend, ctx)
+        ctx = resolve(arrays)
+    return ctx, _dispatch.choose(backend, ctx), types
 
 
 def _computed_out(ctx: Context, out: Any, count: int) -> Any:
@@ -150,8 +159,8 @@ def gae(
     >>> adv
     array([[ 0.5, -0.5,  0.5]])
     """
-    if any_dask(rewards, values, next_values, last_value, last_advantage, dones, terminated,
-                truncated, mask, gamma, lam, cu_seqlens, out):
+    if _DASK in sys.modules and any_dask(rewards, values, next_values, last_value, last_advantage, dones,
+                                         terminated, truncated, mask, gamma, lam, cu_seqlens, out):
         from .backends import dask as _dask
 
         return _dask.gae(rewards, values, gamma=gamma, lam=lam, next_values=next_values,
@@ -163,7 +172,13 @@ def gae(
         last_advantage=last_advantage, dones=dones, terminated=terminated, truncated=truncated, mask=mask,
         cu_seqlens=cu_seqlens, gamma=gamma, lam=lam,
     )
-    ctx, name = _start(named, out, 2, backend)
+    ctx, name, types = _start("gae", named, out, 2, backend)
+    if ctx.exact:
+        # NumPy arrays and Python scalars only: the arguments are their own
+        # compute views (the host stream is a shared null context).
+        with ctx.stream():
+            adv, ret = _dispatch.run_gae(np, name, named, axis, _computed_out(ctx, out, 2), types)
+        return GAEResult(adv, ret) if out is None else GAEResult(*out)
     with ctx.call(named) as (xp, c):
         adv, ret = _dispatch.run_gae(xp, name, c, axis, _computed_out(ctx, out, 2))
         if out is not None:
@@ -237,14 +252,18 @@ def discounted_returns(
     >>> gaescan.discounted_returns(np.array([1.0, 1.0, 1.0]), gamma=0.5)
     array([1.75, 1.5 , 1.  ])
     """
-    if any_dask(rewards, dones, last_value, mask, gamma, cu_seqlens, out):
+    if _DASK in sys.modules and any_dask(rewards, dones, last_value, mask, gamma, cu_seqlens, out):
         from .backends import dask as _dask
 
         return _dask.discounted_returns(rewards, gamma=gamma, dones=dones, last_value=last_value, mask=mask,
                                         cu_seqlens=cu_seqlens, axis=axis, out=out, backend=backend)
     named = dict(rewards=rewards, dones=dones, last_value=last_value, mask=mask,
                  cu_seqlens=cu_seqlens, gamma=gamma)
-    ctx, name = _start(named, out, 1, backend)
+    ctx, name, types = _start("returns", named, out, 1, backend)
+    if ctx.exact:
+        with ctx.stream():
+            res = _dispatch.run_returns(np, name, named, axis, out, types)
+        return res if out is None else out
     with ctx.call(named) as (xp, c):
         res = _dispatch.run_returns(xp, name, c, axis, _computed_out(ctx, out, 1))
         return out if out is not None else ctx.from_compute(res)
@@ -311,12 +330,16 @@ def linear_scan(
     array([1.  , 1.5 , 1.75])
     """
     reverse = v.reverse_flag(reverse)
-    if any_dask(a, b, initial, out):
+    if _DASK in sys.modules and any_dask(a, b, initial, out):
         from .backends import dask as _dask
 
         return _dask.linear_scan(a, b, reverse=reverse, initial=initial, axis=axis, out=out, backend=backend)
     named = dict(a=a, b=b, initial=initial)
-    ctx, name = _start(named, out, 1, backend)
+    ctx, name, types = _start("scan", named, out, 1, backend)
+    if ctx.exact:
+        with ctx.stream():
+            res = _dispatch.run_scan(np, name, named, reverse, axis, out, types)
+        return res if out is None else out
     with ctx.call(named) as (xp, c):
         res = _dispatch.run_scan(xp, name, c, reverse, axis, _computed_out(ctx, out, 1))
         return out if out is not None else ctx.from_compute(res)

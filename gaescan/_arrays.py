@@ -220,13 +220,15 @@ def _import_cupy() -> Any:
 
 
 _EXACT_NUMPY = Context("numpy", False, exact=True)
+# The argument types of an exact call (see Context.exact).
+_EXACT_TYPES = frozenset({np.ndarray, type(None), float, int, bool})
 
 
 def _no_array() -> Context:
     raise TypeError("no array argument given: pass the data as an array, not only scalars")
 
 
-def resolve(named: Mapping[str, Any]) -> Context:
+def resolve(named: Mapping[str, Any], types: tuple | None = None) -> Context:
     """Find the single array library (and device) of a call's arguments.
 
     Parameters
@@ -234,21 +236,18 @@ def resolve(named: Mapping[str, Any]) -> Context:
     named : mapping of str to object
         Every argument that may be an array, by parameter name (``None`` for
         absent ones).
+    types : tuple of type, optional
+        The types of ``named``'s values (in any order), when the caller has them.
 
     Raises
     ------
     TypeError
         When arrays of different libraries or devices are mixed, naming them.
     """
-    arrays = False
-    for x in named.values():
-        t = type(x)
-        if t is np.ndarray:
-            arrays = True
-        elif x is not None and t is not float and t is not int and t is not bool:
-            break
-    else:
-        return _EXACT_NUMPY if arrays else _no_array()
+    if types is None:
+        types = tuple(map(type, named.values()))
+    if _EXACT_TYPES.issuperset(types):
+        return _EXACT_NUMPY if np.ndarray in types else _no_array()
     seen: dict[str, str] = {}  # description -> first parameter name
     libs: set[str] = set()
     for name, x in named.items():

@@ -48,6 +48,9 @@ def _is_scalar(x: Any) -> bool:
     return isinstance(x, (float, int, np.generic, numbers.Number)) or (isinstance(x, np.ndarray) and x.ndim == 0)
 
 
+is_scalar = _is_scalar
+
+
 # --------------------------------------------------------------------------- layout
 
 
@@ -166,12 +169,8 @@ def scalar_coefficient(g: Any, name: str, dtype: np.dtype, unit_range: bool) -> 
     return float(dtype.type(g))
 
 
-def check_coefficient_array(g: Any, name: str, shape: tuple, unit_range: bool, host: bool) -> None:
-    """An array coefficient: numeric, broadcastable to ``shape``, and (``host`` only) in [0, 1].
-
-    Device and lazy arrays are not range-checked here: reading their values
-    would synchronise with the device or compute the graph.
-    """
+def check_coefficient_structure(g: Any, name: str, shape: tuple) -> None:
+    """An array coefficient's structure: numeric, and broadcastable to ``shape``."""
     _check_numeric(g, name)
     try:
         full = np.broadcast_shapes(tuple(g.shape), tuple(shape))
@@ -182,22 +181,69 @@ def check_coefficient_array(g: Any, name: str, shape: tuple, unit_range: bool, h
             f"{name!r} of shape {tuple(g.shape)} does not broadcast to the input shape "
             f"{tuple(shape)} (use a scalar, a per-row shape such as (B, 1), or the full shape)"
         )
-    if unit_range and host and g.size:
-        lo, hi = np.min(g), np.max(g)
-        if np.isnan(lo) or np.isnan(hi) or lo < 0 or hi > 1:
+
+
+def check_unit_range(g: Any, name: str) -> None:
+    """Every element of a host array coefficient lies in [0, 1] (a NaN fails both comparisons)."""
+    if g.size:
+        lo, hi = g.min(), g.max()
+        if not (lo >= 0 and hi <= 1):
             raise ValueError(f"every element of {name!r} must lie in [0, 1] (got min {lo}, max {hi})")
 
 
+def check_coefficient_array(g: Any, name: str, shape: tuple, unit_range: bool, host: bool) -> None:
+    """An array coefficient: numeric, broadcastable to ``shape``, and (``host`` only) in [0, 1].
+
+    Device and lazy arrays are not range-checked here: reading their values
+    would synchronise with the device or compute the graph.
+    """
+    check_coefficient_structure(g, name, shape)
+    if unit_range and host:
+        check_unit_range(g, name)
+
+
+# float32 roundings of Python floats: training loops pass the same few γ, λ
+# and boundary values call after call.  A zero is never kept (``-0.0 == 0.0``
+# would share one entry, and the rounding keeps the sign of a zero), so a
+# lookup of either zero misses.
+ROUNDED32: dict[float, float] = {}
+_ROUNDED32_MAX = 256
+
+
+def rounded(g: float, cast: type) -> float:
+    """The Python float ``g`` rounded to the scalar type ``cast`` (``numpy.float32``
+    or ``numpy.float64``), as a Python float."""
+    if cast is np.float64:
+        return g
+    r = ROUNDED32.get(g)
+    if r is None:
+        r = float(cast(g))
+        if g != 0.0:
+            if len(ROUNDED32) >= _ROUNDED32_MAX:
+                ROUNDED32.clear()
+            ROUNDED32[g] = r
+    return r
+
+
 def coefficient(
-    xp: Any, g: Any, name: str, shape: tuple, layout: Layout, dtype: np.dtype, unit_range: bool
+    xp: Any, g: Any, name: str, shape: tuple, layout: Layout, dtype: np.dtype, unit_range: bool,
+    structure: bool = True,
 ) -> Any:
-    """A Python float rounded to ``dtype``, or an ``(R, T)`` view broadcast from ``g``."""
+    """A Python float rounded to ``dtype``, or an ``(R, T)`` view broadcast from ``g``.
+
+    ``structure=False`` skips an array's structural checks (dtype, broadcast
+    shape), which a plan has made for this structure; its values (the range,
+    on the host) are checked on every call.
+    """
     if g is None:
         raise TypeError(f"{name!r} is required")
     if _is_scalar(g):
         return scalar_coefficient(g, name, dtype, unit_range)
-    check_coefficient_array(g, name, shape, unit_range, host=xp is np)
-    return layout.rows(xp, xp.broadcast_to(g, shape))
+    if structure:
+        check_coefficient_structure(g, name, shape)
+    if unit_range and xp is np:
+        check_unit_range(g, name)
+    return layout.rows(xp, g if tuple(g.shape) == tuple(shape) else xp.broadcast_to(g, shape))
 
 
 def boundary_value(xp: Any, v: Any, name: str, batch_shape: tuple, nseg: int, dtype: np.dtype) -> Any:
