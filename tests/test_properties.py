@@ -21,7 +21,10 @@ SETTINGS = settings(
     max_examples=40,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-    derandomize=False,
+    # The same examples on every run and machine: a CI run is reproducible, and
+    # no local example database changes what it checks.
+    derandomize=True,
+    database=None,
 )
 
 seeds = st.integers(0, 2**32 - 1)
@@ -324,3 +327,14 @@ def test_nan_last_value_unused_after_done(backend, rng, poison):
     a = backend.gae(r, v, gamma=0.99, lam=0.95, dones=d, last_value=lv)
     b = backend.gae(r, v, gamma=0.99, lam=0.95, dones=d)
     np.testing.assert_array_equal(a.advantages, b.advantages)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "float32 returns R = A + V cancel when |R| is far smaller than |V|: A's float32 rounding "
+    "(relative 6e-8 of |V|) is then a large fraction of R; the SPEC's relative-L2 bound on "
+    "returns cannot hold pointwise there (raised in the issue note)"))
+def test_returns_that_cancel_against_values(backend):
+    r = np.array([-1.6e-4], dtype=np.float32)
+    v = np.array([-1.19], dtype=np.float32)
+    res = backend.gae(r, v, gamma=0.99, lam=0.95)
+    assert_close(res.returns, gt.gae(r, v, gamma=0.99, lam=0.95).returns, np.float32)

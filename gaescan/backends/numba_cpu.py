@@ -82,7 +82,7 @@ def _narrow(rows: Rows, *coeffs: Coeff) -> bool:
 
 
 def _data(x: Any, rows: Rows) -> np.ndarray:
-    return x.astype(rows.dtype, copy=False)
+    return x if x.dtype is rows.dtype else x.astype(rows.dtype, copy=False)
 
 
 def _coeff(c: Coeff, rows: Rows) -> np.ndarray:
@@ -135,9 +135,9 @@ _cols: dict[tuple, np.ndarray] = {}
 
 def _const_col(value: float, n: int, dtype: np.dtype) -> np.ndarray:
     """A read-only ``(n,)`` array of ``value`` (cached: training loops repeat
-    the same γ, λ and batch size call after call).  Keyed on the value's bits,
+    the same γ, λ and batch size call after call).  A zero is keyed on its bits,
     so that -0.0 and 0.0 (equal as floats) stay apart."""
-    key = (value.hex(), n, dtype.char)
+    key = (value, n, dtype.char) if value else (value.hex(), n, dtype.char)
     col = _cols.get(key)
     if col is None:
         if len(_cols) > 64:
