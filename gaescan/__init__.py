@@ -3,8 +3,8 @@
 Public API: :func:`gae`, :func:`discounted_returns`, :func:`linear_scan`, and
 the carry API for rows split into time slices (:func:`gae_summary`,
 :func:`returns_summary`, :func:`scan_summary`, :func:`bootstrap_summary`,
-:func:`carry_in`).  Their semantics are fixed in the project's SPEC (see the
-documentation).
+:func:`carry_in`).  Their semantics are fixed in the semantic contract
+(``docs/semantics.md``).
 """
 
 from ._api import GAEResult, discounted_returns, gae, linear_scan

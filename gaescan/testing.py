@@ -3,7 +3,7 @@
 Every public function has a reference here with the same name and the same
 signature (``gaescan.testing.gae`` for :func:`gaescan.gae`, and so on), in the
 manner of bottleneck's ``bn.slow``; a new public function gets its reference
-here in the same form.  Each one is the project's SPEC read
+here in the same form.  Each one is the contract (docs/semantics.md) read
 literally: a plain loop over time in float64, written without any of
 gaescan's kernels, validation or dispatch, so that it can check them.  Users
 can check their own pipelines against it the same way the test suite,
@@ -18,7 +18,7 @@ can check their own pipelines against it the same way the test suite,
     >>> gaescan.testing.assert_close(got.advantages, want.advantages) < 2e-5
     True
 
-Conventions shared by the references (SPEC, "Accuracy" and "Types, dtypes,
+Conventions shared by the references (the contract, docs/semantics.md: "Accuracy" and "Types, dtypes,
 shapes"):
 
 * The output dtype follows the library's rule: float64 if any float input
@@ -97,7 +97,7 @@ def _is_scalar(x: Any) -> bool:
 
 
 def result_dtype(*inputs: Any) -> np.dtype:
-    """The dtype of a result computed from ``inputs``: the SPEC's rule.
+    """The dtype of a result computed from ``inputs``: the contract's rule.
 
     Parameters
     ----------
@@ -208,7 +208,7 @@ def _compile_row_loops(jit: Any) -> None:
 
 
 def _gae_row(r, v, nv, term, done, g, gl, m, lo, hi, a_next, v_next, adv, ret):
-    """SPEC ``gae`` backwards over positions ``[lo, hi)`` of 1-D sequences."""
+    """The contract's ``gae`` backwards over positions ``[lo, hi)`` of 1-D sequences."""
     for t in range(hi - 1, lo - 1, -1):
         if not m[t]:
             continue  # skipped: nothing at t is read, its outputs stay 0
@@ -223,7 +223,7 @@ def _gae_row(r, v, nv, term, done, g, gl, m, lo, hi, a_next, v_next, adv, ret):
 
 @np.errstate(all="ignore")  # 0·inf at a select: computed, then not chosen
 def _gae_rows(r, v, nv, term, done, g, gl, m, a_next, v_next):
-    """SPEC ``gae`` on ``(T, R)`` arrays, backwards in time, all rows per step."""
+    """The contract's ``gae`` on ``(T, R)`` arrays, backwards in time, all rows per step."""
     adv = np.zeros(r.shape)
     ret = np.zeros(r.shape)
     for t in range(r.shape[0] - 1, -1, -1):
@@ -316,7 +316,7 @@ def gae(rewards: Any, values: Any, *, gamma: Any, lam: Any, next_values: Any = N
 
 
 def _returns_row(r, done, g, m, lo, hi, g_next, out):
-    """SPEC ``discounted_returns`` backwards over positions ``[lo, hi)``."""
+    """The contract's ``discounted_returns`` backwards over positions ``[lo, hi)``."""
     for t in range(hi - 1, lo - 1, -1):
         if not m[t]:
             continue
@@ -393,7 +393,7 @@ def discounted_returns(rewards: Any, *, gamma: Any, dones: Any = None, last_valu
 
 
 def _scan_row(a, b, reverse, y, out):
-    """SPEC ``linear_scan`` over one 1-D sequence; ``a == 0`` selects ``b``."""
+    """The contract's ``linear_scan`` over one 1-D sequence; ``a == 0`` selects ``b``."""
     n = len(b)
     for i in range(n):
         t = n - 1 - i if reverse else i
@@ -463,7 +463,7 @@ def linear_scan(a: Any, b: Any, *, reverse: bool = False, initial: Any = None, a
 
 
 def tolerance(dtype: Any) -> float:
-    """The SPEC's bound on the relative L2 error of a result of ``dtype``.
+    """The contract's bound on the relative L2 error of a result of ``dtype``.
 
     Parameters
     ----------
@@ -492,7 +492,7 @@ def _host_dtype(x: Any) -> np.dtype:
 
 
 def assert_close(actual: Any, desired: Any, *, dtype: Any = None) -> float:
-    """Assert that a result is within the SPEC's tolerance of a reference.
+    """Assert that a result is within the contract's tolerance of a reference.
 
     The relative L2 error ``‖actual − desired‖ / ‖desired‖`` over the finite
     entries must be at most :func:`tolerance` of the result's dtype.  The

@@ -81,9 +81,9 @@ TUNABLES: dict[str, Any] = {
     # publishing needs no memory fence, and one warp polls 32 tiles per round.
     "fast_lookback": False,
     # Type the kernel's arrays as C-contiguous (layout "C") when all of them are: the
-    # time stride is then a constant, which saves ptxas about 15 registers in the
-    # look-back kernel (111 -> 96 for GAE float32, 4 -> 5 blocks of 128 per SM);
-    # anything strided still takes the one layout-"A" kernel.  GPU only.
+    # time stride is then a constant, which saves ptxas registers in the look-back
+    # kernel, and with them blocks per SM (test_ptx checks it); anything strided
+    # still takes the one layout-"A" kernel.  GPU only.
     "contiguous_typing": False,
     # Experimental (gpu-check compares both): warps read rewards and values coalesced
     # (consecutive lanes at consecutive steps) into shared memory, and threads take

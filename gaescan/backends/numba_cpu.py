@@ -25,7 +25,7 @@ relative error of a float32 state grows with the horizon ``1/(1 − decay)``:
 about as the float32 rounding times its square root for noisy rewards, and
 linearly (the worst case) for constant rewards, where ``γ·acc`` rounds the
 same way at every step.  At decays up to ``F32_STATE_MAX_DECAY`` it stays
-within the SPEC's float32 tolerance on 2^17-step rows even then
+within the contract's float32 tolerance on 2^17-step rows even then
 (``tests/test_f32_near_one.py``).  Per-step coefficient arrays
 (not inspected per call) and decays closer to 1 keep the float64 state.
 float64 outputs always run the float64 builds.
@@ -57,7 +57,7 @@ _F4 = np.dtype(np.float32)
 #: linear_scan) at which a float32 output carries its state in float32: 0.99
 #: as float32 (just above 0.99, so that γ = 0.99 is included).  Constant
 #: rewards are the worst case: each step rounds ``γ·acc`` the same way and
-#: the error grows linearly with the horizon, reaching the SPEC's float32
+#: the error grows linearly with the horizon, reaching the contract's float32
 #: tolerance a little above this decay.
 F32_STATE_MAX_DECAY = float(np.float32(0.99))
 

@@ -122,7 +122,7 @@ def _const_scan_nonfinite(xp: Any, ar: Any, b: Any, init: Any, C: int, out: Any)
 
 
 def _wide(dtype: np.dtype) -> np.dtype:
-    """The carry pass's dtype: float64 for float32 data (see SPEC "Accuracy")."""
+    """The carry pass's dtype: float64 for float32 data (see the contract, docs/semantics.md, "Accuracy and determinism")."""
     return np.dtype(np.float64) if dtype == np.float32 else dtype
 
 

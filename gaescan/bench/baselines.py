@@ -17,7 +17,7 @@ def serial_gae(xp: Any, rewards: Any, values: Any, gamma: float, lam: float,
 
     With ``mask`` (false = padding / prompt step, skipped), the carried
     advantage and next value stay put across masked steps and those outputs are
-    0, as a careful user writes it (the SPEC's skip semantics).
+    0, as a careful user writes it (the contract's skip semantics).
     """
     B, T = rewards.shape
     dt = rewards.dtype

@@ -90,7 +90,7 @@ def _compiled_references() -> None:
 
 
 def compare(got: Any, want: np.ndarray, out_dtype: Any, mask: Any = None) -> str:
-    """``got`` has ``out_dtype``, zeros where ``mask`` is false, and is within the SPEC tolerance of ``want``."""
+    """``got`` has ``out_dtype``, zeros where ``mask`` is false, and is within the contract's tolerance of ``want``."""
     from .. import testing
 
     if mask is not None and np.any(_h(got)[_h(mask) == 0] != 0):
@@ -942,14 +942,14 @@ def sweep_shapes(quick: bool = False) -> list[tuple[str, int, int, list[dict]]]:
     fast = dict(fast_lookback=True)
     rows = dict(rows_min_blocks=1)  # a block per row walking its tiles, no look-back
     pf = dict(rows, prefetch=True)
-    # Prefetching takes 166 registers: min_blocks_per_sm=2 caps them at 128 (88 B of
-    # spills) so two blocks of 256 threads share an SM; more than 256 threads get that
-    # cap anyway.  min_blocks_per_sm=6 at 128 threads caps at 85 registers (ptxas used 80).
-    ct = dict(contiguous_typing=True)  # layout-"C" kernels: 96 registers instead of 111 (look-back)
+    # Prefetching needs more registers than two blocks of 256 threads can have:
+    # min_blocks_per_sm=2 caps them (at the cost of a few spills), and blocks of more
+    # than 256 threads get that cap anyway.  Each sweep line prints the registers,
+    # spills and blocks per SM that ptxas gives the setting.
+    ct = dict(contiguous_typing=True)  # layout-"C" kernels: a constant time stride, fewer registers
     cl = dict(coalesced_loads=True)  # loads coalesced through shared memory, as the stores are
-    # Steps kept in shared memory: GAE look-back 111 -> 78 registers (fast, layout C: 72),
-    # so 6-7 blocks of 128 per SM instead of 4-5, and the same registers at k=16; with
-    # min_blocks_per_sm=8, 64 registers and no spills (k=8; k=16 with layout C).
+    # Steps kept in shared memory instead of K per-thread registers each: fewer
+    # registers, more blocks per SM; min_blocks_per_sm=8 fits eight without spills.
     sh = dict(shared_steps=True)
     sh8 = dict(shared_steps=True, min_blocks_per_sm=8)
     b256 = [base, dict(base, **fast), dict(base, **sh), dict(base, **fast, **sh), dict(base, **fast, **sh8),

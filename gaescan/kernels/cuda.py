@@ -602,8 +602,9 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
         if stg:
             # No syncwarp first: a lane writes exactly the slots it read itself at the
             # end of the last tile's emit, and the slots are the warp's own.  (The
-            # step/slot arithmetic is emit's, written out again: a shared helper cost
-            # the layout-"C" look-back 9 registers, 96 -> 105, i.e. a block per SM.)
+            # step/slot arithmetic is emit's, written out inline: a shared helper costs
+            # the layout-"C" look-back registers, and with them a block per SM; test_ptx
+            # checks the blocks per SM.)
             if live:
                 ug = ut + (y // yw) * (yw * K)  # first step of the yw threads' run
                 for i in range(K):
