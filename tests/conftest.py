@@ -106,6 +106,17 @@ def all_backends() -> list[Backend]:
     return [v for n in selected_backend_names() for v in _variants(n)]
 
 
+def pytest_configure(config):
+    # The CUDA simulator runs each block's threads as Python threads that hand the
+    # GIL to one another at every barrier; on more than one CPU each hand-off
+    # crosses cores, which makes the simulator several times slower.  One CPU
+    # keeps the hand-offs on one core.
+    if _cudasim() and hasattr(os, "sched_setaffinity"):
+        cpus = os.sched_getaffinity(0)
+        if len(cpus) > 1:
+            os.sched_setaffinity(0, {min(cpus)})
+
+
 def pytest_generate_tests(metafunc):
     # ``backend``: every selected configuration, the simulator's only for tests
     # marked ``cudasim``; ``cpu_backend``: only those that can afford 2^17-step
