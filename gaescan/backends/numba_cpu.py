@@ -38,6 +38,7 @@ byte (int32/float flags) are compared to 0, each an O(R·T) temporary.
 
 from __future__ import annotations
 
+from math import copysign
 from typing import Any
 
 import numpy as np
@@ -160,9 +161,8 @@ def _time_major(*arrays: np.ndarray) -> bool:
 def gae(p: GAEProblem) -> None:
     rows = p.rows
     if rows.cu_seqlens is None and (p.next_values is None or p.mask is None):
-        gcol = _column(p.gamma, rows)
-        lcol = _column(p.lam, rows) if gcol is not None else None
-        if gcol is not None and lcol is not None and _gae_fast(p, rows, gcol, lcol):
+        prep = _fused_prep(p, rows)
+        if prep is not None and _gae_fast(p, rows, prep):
             return
     r = _data(p.rewards, rows)
     values = _data(p.values, rows)
@@ -179,6 +179,42 @@ def gae(p: GAEProblem) -> None:
         return
     cu, packed = _offsets(rows)
     _run(cpu.gae_rows, narrow)(*args, nv, bound, carry, cu, packed, zero, p.advantages, p.returns)
+
+
+# What the fused kernels need besides the arrays, for calls with scalar γ and
+# λ (nonzero) and the default boundaries (0): training loops repeat these call
+# after call.  Keyed on the plan's ``Rows`` (one object per call structure,
+# held by the entry so that its id stays unique), the two coefficients and the
+# module settings the choices depend on.
+# Other calls build it per call: a zero coefficient or boundary may be -0.0,
+# which equals 0.0 as a key but not in the results' bits.
+_PREPS: dict[tuple, tuple[Rows, tuple]] = {}
+
+
+def _fused_prep(p: GAEProblem, rows: Rows) -> tuple | None:
+    """``(gcol, lcol, bound, carry, narrow, rows_kernel)`` for the fused
+    kernels, or ``None`` when γ or λ varies along time.  ``rows_kernel`` is
+    the batch-major kernel for the call's size (its float32-state call is
+    taken per call when ``narrow``)."""
+    g, lam, lv, la = p.gamma, p.lam, p.last_value, p.last_advantage
+    key = None
+    if (type(g) is float and type(lam) is float and g and lam and type(lv) is float
+            and type(la) is float and lv == 0.0 == la and copysign(1.0, lv) > 0 < copysign(1.0, la)):
+        key = (id(rows), g, lam, F32_STATE_MAX_DECAY, SERIAL_MAX_STEPS)
+        entry = _PREPS.get(key)
+        if entry is not None and entry[0] is rows:
+            return entry[1]
+    gcol = _column(g, rows)
+    lcol = None if gcol is None else _column(lam, rows)
+    if lcol is None:
+        return None
+    narrow = _gae_narrow(p, rows, gcol, lcol)
+    prep = (gcol, lcol, _bound(lv, rows), _bound(la, rows), narrow, _rows_kernel(rows.R, rows.T))
+    if key is not None:
+        if len(_PREPS) >= 64:
+            _PREPS.clear()
+        _PREPS[key] = (rows, prep)
+    return prep
 
 
 def _run(kernel: cpu.Kernel, narrow: bool) -> Any:
@@ -211,17 +247,15 @@ def _gae_narrow(p: GAEProblem, rows: Rows, gcol: np.ndarray, lcol: np.ndarray) -
     return bool(np.max(np.abs(gcol.astype(np.float64) * lcol)) <= F32_STATE_MAX_DECAY)
 
 
-def _gae_fast(p: GAEProblem, rows: Rows, gcol: np.ndarray, lcol: np.ndarray) -> bool:
+def _gae_fast(p: GAEProblem, rows: Rows, prep: tuple) -> bool:
     """Run a fused kernel; ``False`` when none fits (time-major rows that the
     fused time-major kernels cannot take go to the general sweep instead)."""
+    gcol, lcol, bound, carry, narrow, kernel = prep
     r = _data(p.rewards, rows)
     v = _data(p.values, rows)
     term = None if p.terminated is None else _flag8(p.terminated)
     mask = None if p.mask is None else _flag8(p.mask)
-    bound = _bound(p.last_value, rows)
-    carry = _bound(p.last_advantage, rows)
     adv, ret = p.advantages, p.returns
-    narrow = _gae_narrow(p, rows, gcol, lcol)
     if _sweep_time_major(rows, r):
         if mask is not None or not _time_major(r, v, adv, ret):
             return False
@@ -237,7 +271,8 @@ def _gae_fast(p: GAEProblem, rows: Rows, gcol: np.ndarray, lcol: np.ndarray) -> 
         _run(cpu.gae_timemajor, narrow)(r.T, v.T, _NO_FLAGS if term is None else term.T, term is not None,
                           gcol, lcol, bound, carry, adv.T, ret.T)
         return True
-    kernel = _run(_rows_kernel(rows.R, rows.T), narrow)
+    if narrow:
+        kernel = kernel.f32_state
     if p.next_values is not None:
         # the next_values loop reads both flags: absent ones as zero-stride views of 0
         kernel(r, v, _data(p.next_values, rows), True, _flag(p.terminated, rows, False), term is not None,
