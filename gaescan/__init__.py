@@ -3,8 +3,9 @@
 Public API: :func:`gae`, :func:`discounted_returns`, :func:`linear_scan`, and
 the carry API for rows split into time slices (:func:`gae_summary`,
 :func:`returns_summary`, :func:`scan_summary`, :func:`bootstrap_summary`,
-:func:`carry_in`).  Their semantics are fixed in the semantic contract
-(``docs/semantics.md``).
+:func:`carry_in`), and the outcome-advantage statistics (:func:`group_normalize`,
+:func:`whiten`, :func:`moments`, :func:`combine_moments`).  Their semantics are
+fixed in the semantic contract (``docs/semantics.md``).
 """
 
 from ._api import GAEResult, discounted_returns, gae, linear_scan
@@ -16,6 +17,7 @@ from ._carry import (
     returns_summary,
     scan_summary,
 )
+from ._stats import Moments, combine_moments, group_normalize, moments, whiten
 
 __all__ = [
     "GAEResult",
@@ -28,6 +30,11 @@ __all__ = [
     "scan_summary",
     "bootstrap_summary",
     "carry_in",
+    "group_normalize",
+    "whiten",
+    "moments",
+    "combine_moments",
+    "Moments",
     "__version__",
 ]
 __version__ = "0.1.0"

@@ -54,6 +54,11 @@ __all__ = [
     "gae",
     "discounted_returns",
     "linear_scan",
+    "Moments",
+    "group_normalize",
+    "moments",
+    "combine_moments",
+    "whiten",
     "assert_close",
     "tolerance",
     "result_dtype",
@@ -459,6 +464,156 @@ def linear_scan(a: Any, b: Any, *, reverse: bool = False, initial: Any = None, a
     return rows.back(res)
 
 
+# --------------------------------------------------------------------------- statistics
+
+
+class Moments(NamedTuple):
+    """The reference ``(count, mean, m2)``, float64 0-d NumPy arrays."""
+
+    count: np.ndarray
+    mean: np.ndarray
+    m2: np.ndarray
+
+
+def _flat_valid(x: Any, mask: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` as flat float64 and the flat boolean mask (all true when absent)."""
+    xs = np.asarray(_host(x))
+    flat = xs.reshape(-1).astype(np.float64)
+    if mask is None:
+        return flat, np.ones(flat.shape, dtype=bool)
+    return flat, np.asarray(_host(mask)).reshape(-1) != 0
+
+
+def group_normalize(scores: Any, *, groups: Any = None, group_size: Any = None, leave_one_out: bool = False,
+                    scale: bool = True, ddof: int = 1, eps: float = 1e-6, out: Any = None,
+                    backend: str = "auto") -> np.ndarray:
+    """Reference :func:`gaescan.group_normalize`: a plain loop over the groups, in float64.
+
+    Each group's members are collected in index order; its mean and its
+    centred sum of squares are two plain passes over them, and every
+    member's advantage is the contract's formula read literally (the
+    leave-one-out baseline as ``(sum − s_i) / (n − 1)``).
+
+    Returns
+    -------
+    numpy.ndarray
+        The advantages, float64, shape ``(B,)``.
+
+    Examples
+    --------
+    >>> import numpy as np, gaescan, gaescan.testing
+    >>> s = np.array([3.0, 1.0, 2.0, 2.0])
+    >>> gaescan.testing.group_normalize(s, groups=[5, 9, 5, 9], scale=False)
+    array([ 0.5, -0.5, -0.5,  0.5])
+    """
+    s = np.asarray(_host(scores)).astype(np.float64).tolist()
+    B = len(s)
+    if groups is None:
+        labels = [i // group_size for i in range(B)]
+    else:
+        labels = np.asarray(_host(groups)).tolist()
+    members: dict[Any, list[int]] = {}
+    for i, g in enumerate(labels):
+        members.setdefault(g, []).append(i)
+    adv = np.zeros(B)
+    for idx in members.values():
+        n = len(idx)
+        if n == 1 or (scale and n <= ddof):
+            for i in idx:
+                adv[i] = s[i]
+            continue
+        total = 0.0
+        for i in idx:
+            total += s[i]
+        mean = total / n
+        sigma = 0.0
+        if scale:
+            m2 = 0.0
+            for i in idx:
+                m2 += (s[i] - mean) ** 2
+            sigma = math.sqrt(m2 / (n - ddof))
+        for i in idx:
+            b = (total - s[i]) / (n - 1) if leave_one_out else mean
+            with np.errstate(all="ignore"):
+                adv[i] = (np.float64(s[i]) - b) / (np.float64(sigma) + eps) if scale else s[i] - b
+    return adv
+
+
+def moments(x: Any, mask: Any = None, *, backend: str = "auto") -> Moments:
+    """Reference :func:`gaescan.moments`: two float64 passes over the valid elements.
+
+    Returns
+    -------
+    Moments
+        ``(count, mean, m2)`` as float64 0-d arrays; ``mean = m2 = 0`` when
+        there is no valid element.
+    """
+    flat, valid = _flat_valid(x, mask)
+    vals = flat[valid]  # masked elements are never read into any sum
+    n = vals.shape[0]
+    mean = float(np.sum(vals)) / n if n else 0.0
+    m2 = float(np.sum((vals - mean) ** 2)) if n else 0.0
+    return Moments(np.asarray(float(n)), np.asarray(mean), np.asarray(m2))
+
+
+_moments = moments  # whiten's parameter of the same name hides the function there
+
+
+def combine_moments(ms: Any) -> Moments:
+    """Reference :func:`gaescan.combine_moments`: Chan's update, one part after another.
+
+    ``ms`` is a sequence of moments, or one whose fields are stacked along a
+    leading axis (1-D fields).
+    """
+    if isinstance(ms, tuple) and len(ms) == 3 and not isinstance(ms[0], tuple):
+        parts = list(zip(*(np.asarray(_host(f)).astype(np.float64).tolist() for f in ms), strict=True))
+    else:
+        parts = [tuple(float(np.asarray(_host(f))) for f in m) for m in ms]
+    n = mean = m2 = 0.0
+    for nb, mb, m2b in parts:
+        if nb == 0:
+            continue
+        if n == 0:
+            n, mean, m2 = nb, mb, m2b
+            continue
+        tot = n + nb
+        delta = mb - mean
+        mean += delta * nb / tot
+        m2 += m2b + delta * delta * n * nb / tot
+        n = tot
+    return Moments(np.asarray(n), np.asarray(mean), np.asarray(m2))
+
+
+def whiten(x: Any, mask: Any = None, *, shift_mean: bool = True, ddof: int = 1, eps: float = 1e-8,
+           moments: Any = None, out: Any = None, backend: str = "auto") -> np.ndarray:
+    """Reference :func:`gaescan.whiten`: the contract's formula over the valid elements, in float64.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``y``, float64, of the shape of ``x``; exactly 0 at masked positions.
+
+    Examples
+    --------
+    >>> import numpy as np, gaescan.testing
+    >>> gaescan.testing.whiten(np.array([1.0, 3.0, 7.0]), np.array([1, 1, 0]), eps=0.0)
+    array([-0.70710678,  0.70710678,  0.        ])
+    """
+    xs = np.asarray(_host(x))
+    flat, valid = _flat_valid(x, mask)
+    if moments is None:
+        moments = _moments(x, mask)
+    count, mean, m2 = (float(np.asarray(_host(f))) for f in moments)
+    y = np.zeros(flat.shape)
+    if count > 0:
+        var = m2 / (count - ddof) if count > ddof else 0.0
+        with np.errstate(all="ignore"):
+            y[valid] = (flat[valid] - mean) / np.sqrt(np.float64(var + eps))
+            if not shift_mean:
+                y[valid] += mean
+    return y.reshape(xs.shape)
+
+
 # --------------------------------------------------------------------------- comparing
 
 
@@ -558,3 +713,118 @@ def assert_close(actual: Any, desired: Any, *, dtype: Any = None) -> float:
         raise AssertionError(f"relative L2 error {err:.3g} > {tol:g} for {dtype} "
                              f"(worst at {i}: {x[i]} vs {y[i]})")
     return err
+
+
+# ------------------------------------------------------------------------------ v-trace
+
+
+class VTraceResult(NamedTuple):
+    """The reference ``(vs, advantages)``, float64 NumPy arrays."""
+
+    vs: np.ndarray
+    advantages: np.ndarray
+
+
+def _exp(x: float) -> float:
+    """``e**x`` in float64, ``inf`` on overflow (``math.exp`` raises there)."""
+    return math.exp(x) if x < 709.0 else (math.inf if x == x else x)
+
+
+def _clip(bar: float, x: float) -> float:
+    """``min(bar, x)`` that keeps a NaN ``x`` (Python's ``min`` may drop it)."""
+    return x if x != x or x < bar else bar
+
+
+def _vtrace_row(r, v, lr, nv, term, done, g, lam, m, lo, hi, rb, cb, pb, v_next, vs, adv):
+    """The contract's ``vtrace`` backwards over positions ``[lo, hi)`` of 1-D sequences."""
+    d_next = 0.0
+    for t in range(hi - 1, lo - 1, -1):
+        if not m[t]:
+            continue  # skipped: nothing at t is read, its outputs stay 0
+        e = _exp(lr[t])
+        rho, c, rpg = _clip(rb, e), lam[t] * _clip(cb, e), _clip(pb, e)
+        vp = v_next if nv is None else nv[t]
+        td = r[t] - v[t] if term[t] else r[t] + g[t] * vp - v[t]
+        dt = rho * td if done[t] else rho * td + g[t] * c * d_next
+        vsp = vp if done[t] else vp + d_next
+        adv[t] = rpg * (r[t] - v[t]) if term[t] else rpg * (r[t] + g[t] * vsp - v[t])
+        vs[t] = v[t] + dt
+        d_next = dt
+        v_next = v[t]
+
+
+def vtrace(rewards: Any, values: Any, log_rhos: Any, *, gamma: Any, lam: Any = 1.0, rho_bar: Any = 1.0,
+           c_bar: Any = 1.0, pg_rho_bar: Any = None, next_values: Any = None, last_value: Any = None,
+           dones: Any = None, terminated: Any = None, truncated: Any = None, mask: Any = None,
+           cu_seqlens: Any = None, axis: int = -1, out: Any = None, backend: Any = "auto") -> VTraceResult:
+    r"""The float64 reference of :func:`gaescan.vtrace`: a plain loop over time per row or segment.
+
+    With ``ρ_t = min(rho_bar, e^{ℓ_t})``, ``c_t = λ_t min(c_bar, e^{ℓ_t})``,
+    ``ρpg_t = min(pg_rho_bar, e^{ℓ_t})`` (``pg_rho_bar`` defaulting to
+    ``rho_bar``): ``δ_t = ρ_t (r_t + γ_t (1 − term_t) V'_t − V_t)``,
+    ``D_t = δ_t + γ_t (1 − done_t) c_t D_{τ(t)}`` (0 past the last valid step),
+    ``vs_t = V_t + D_t``, ``vs'_t = V'_t + (1 − done_t) D_{τ(t)}``,
+    ``adv_t = ρpg_t (r_t + γ_t (1 − term_t) vs'_t − V_t)``.  Every ``(1 − flag)``
+    is a select; a NaN in ``log_rhos`` stays NaN through the clipping.  The
+    clipping thresholds are rounded to the output dtype, like γ and λ.
+
+    Parameters
+    ----------
+    rewards, values, log_rhos, gamma, lam, rho_bar, c_bar, pg_rho_bar, next_values, last_value, dones, terminated, truncated, mask, cu_seqlens, axis
+        As for :func:`gaescan.vtrace`, in any array library.
+    out, backend
+        Ignored (accepted so that a call's keyword arguments can be reused).
+
+    Returns
+    -------
+    VTraceResult
+        ``(vs, advantages)`` as float64 NumPy arrays of the input shape.
+
+    Examples
+    --------
+    >>> import numpy as np, gaescan.testing
+    >>> r = np.array([1.0, 0.0, 1.0]); v = np.array([0.5, 0.5, 0.5])
+    >>> gaescan.testing.vtrace(r, v, np.zeros(3), gamma=1.0, dones=np.array([0, 1, 0])).vs
+    array([1., 0., 1.])
+    """
+    dtype = result_dtype(rewards, values, log_rhos, next_values, last_value, gamma, lam)
+    rewards, values, log_rhos, next_values, last_value, gamma, lam = map(
+        _host, (rewards, values, log_rhos, next_values, last_value, gamma, lam))
+    dones, terminated, truncated, mask = map(_host, (dones, terminated, truncated, mask))
+    rb = float(_rounded(rho_bar, dtype))
+    cb = float(_rounded(c_bar, dtype))
+    pb = rb if pg_rho_bar is None else float(_rounded(pg_rho_bar, dtype))
+    shape = np.shape(rewards)
+    if dones is not None:
+        terminated, truncated = dones, None
+    if cu_seqlens is not None or len(shape) == 0:
+        axis = -1
+    if len(shape) == 0:
+        shape = (1,)
+    rows = _Rows(shape, axis)
+    g, lm = rows.take(_rounded(gamma, dtype)), rows.take(_rounded(lam, dtype))
+    r, v, lr = rows.take(rewards), rows.take(values), rows.take(log_rhos)
+    nv = None if next_values is None else rows.take(next_values)
+    term = rows.flag(terminated, False)
+    done = term | rows.flag(truncated, False)
+    m = rows.flag(mask, True)
+    if cu_seqlens is not None:
+        lo, hi = _segments(cu_seqlens)
+        cols = [(0, lo, hi, _per_segment(last_value, len(lo), dtype))]
+    else:
+        lv = rows.boundary(last_value, dtype)
+        cols = [(j, [0], [rows.T], lv[j:j + 1]) for j in range(rows.R)]
+    vs = np.zeros(r.shape)
+    adv = np.zeros(r.shape)
+    for j, los, his, lvs in cols:
+        cr, cv, clr, ct, cd, cg, cl, cm = (x[:, j].tolist() for x in (r, v, lr, term, done, g, lm, m))
+        cnv = None if nv is None else nv[:, j].tolist()
+        vs_out, adv_out = [0.0] * rows.T, [0.0] * rows.T
+        for s in range(len(los)):
+            _vtrace_row(cr, cv, clr, cnv, ct, cd, cg, cl, cm, int(los[s]), int(his[s]), rb, cb, pb,
+                        float(lvs[s]), vs_out, adv_out)
+        vs[:, j], adv[:, j] = vs_out, adv_out
+    return VTraceResult(rows.back(vs), rows.back(adv))
+
+
+__all__ += ["VTraceResult", "vtrace"]
