@@ -1,19 +1,33 @@
-"""Side-by-side CPU benchmark of the "numba" backend (issue 3 targets).
+"""Side-by-side CPU benchmark of the ``"numba"`` backend against the memory limit.
 
-Run: ``python benchmarks/cpu_bench.py [--repeat N]``.  Prints one table of
-medians; bandwidth ratios are against a Numba ``prange`` STREAM triad over
-the same element count measured in the same process.
+Run: ``python benchmarks/cpu_bench.py [--repeat N] [--features] [--threads]``.
+
+Every case is timed in one process and printed as a median beside a Numba
+``prange`` STREAM triad (``a = b + s·c``, 12 bytes per element in float32)
+over the same element count, measured in the same run: ``× triad`` is the
+case's effective bandwidth (the bytes one pass must move, counted per step
+in the ``B/step`` column) over the triad's.  The seed's two methods (the
+serial loop over time and the published NumPy chunk-scan, C = 256,
+:mod:`gaescan.bench.baselines`) run on the same inputs.  The first line
+names the machine; ``--threads`` adds the thread-scaling table of the
+``[256, 131072]`` case.  Results are per machine: commit the output under
+``benchmarks/results/`` with the CPU model in the file name.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import os
+import platform
 import time
 
+import numba
 import numpy as np
 from numba import njit, prange
 
 import gaescan
+from gaescan.bench.baselines import chunk_scan_gae, serial_gae
 
 
 @njit(parallel=True, cache=True)
@@ -32,174 +46,177 @@ def _median(f, repeat):
     return float(np.median(ts))
 
 
-def _serial_numpy(r, v, g, l_):
-    """Vectorised over the batch, Python loop over time (no dones)."""
-    adv = np.empty_like(r)
-    a = np.zeros(r.shape[0], r.dtype)
-    vn = np.zeros(r.shape[0], r.dtype)
-    g, gl = r.dtype.type(g), r.dtype.type(g * l_)
-    for t in range(r.shape[1] - 1, -1, -1):
-        a = r[:, t] + g * vn - v[:, t] + gl * a
-        adv[:, t] = a
-        vn = v[:, t]
-    return adv, adv + v
+def _triad_bw(n, rep, dtype=np.float32):
+    """The triad's bandwidth in GB/s over ``n`` elements of ``dtype``."""
+    a = np.empty(n, dtype)
+    b = np.ones(n, dtype)
+    c = np.ones(n, dtype)
+    t = _median(lambda: _triad(a, b, c, dtype(3.0)), rep)
+    return 3 * a.itemsize * n / t / 1e9
 
 
-def _chunk_matmul(r, v, g, l_, C=256):
-    """The published chunk-scan: C×C decay-kernel matmul per chunk, constant γλ."""
-    dt = r.dtype
-    B, T = r.shape
-    vn = np.concatenate([v[:, 1:], np.zeros((B, 1), dt)], axis=1)
-    delta = r + dt.type(g) * vn - v
-    c = dt.type(g * l_)
-    i = np.arange(C)
-    e = (i[None, :] - i[:, None]).astype(dt)
-    K = np.where(e >= 0, c ** np.maximum(e, 0), 0).astype(dt)  # K[t, s] = c^(s-t), s >= t
-    n = T // C
-    D = delta.reshape(B, n, C)
-    local = D @ K.T
-    pw = (c ** (C - i)).astype(dt)  # weight of the next chunk's first A
-    adv = np.empty_like(local)
-    carry = np.zeros(B, dt)
-    for k in range(n - 1, -1, -1):
-        adv[:, k] = local[:, k] + pw[None, :] * carry[:, None]
-        carry = adv[:, k, 0]
-    adv = adv.reshape(B, T)
-    return adv, adv + v
+def machine() -> str:
+    """CPU model, logical CPUs and versions, for the header of every result."""
+    model = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return (f"{model}, {os.cpu_count()} logical CPUs, {numba.get_num_threads()} Numba threads "
+            f"({numba.threading_layer() if _triad.signatures else 'layer not started'}); "
+            f"numpy {np.__version__}, numba {numba.__version__}, Python {platform.python_version()}")
 
 
-def _triad_time(n, rep):
-    a = np.empty(n, np.float32)
-    b = np.ones(n, np.float32)
-    c = np.ones(n, np.float32)
-    return _median(lambda: _triad(a, b, c, np.float32(3.0)), rep)
+class Table:
+    def __init__(self):
+        self.rows = []
+
+    def add(self, name, sec, per_step=None, steps=None, bw=None, note=""):
+        eff = per_step * steps / sec / 1e9 if per_step else None
+        self.rows.append((name, sec, per_step, eff, eff / bw if eff and bw else None, note))
+
+    def print(self):
+        print(f"{'case':52s} {'median':>11s} {'B/step':>6s} {'GB/s':>7s} {'x triad':>8s}  note")
+        for name, sec, per, eff, ratio, note in self.rows:
+            s = f"{sec * 1e3:9.3f}ms" if sec >= 1e-3 else f"{sec * 1e6:9.1f}us"
+            print(f"{name:52s} {s:>11s} {'' if per is None else per:>6} "
+                  f"{'' if eff is None else f'{eff:7.1f}':>7s} "
+                  f"{'' if ratio is None else f'{ratio:8.2f}':>8s}  {note}")
 
 
-def _batch_major(B, T, rep, rng, row, bw):
+def _inputs(rng, B, T, dtype=np.float32):
+    r = rng.standard_normal((B, T), dtype=np.float32).astype(dtype, copy=False)
+    v = rng.standard_normal((B, T), dtype=np.float32).astype(dtype, copy=False)
+    d = rng.random((B, T), dtype=np.float32) < 1e-3
+    return r, v, d
+
+
+def main_cases(tab, B, T, rep, rng):
+    """The batch-major and time-major GAE cases, the seed's methods, the small call."""
     N = B * T
-    r = rng.standard_normal((B, T), dtype=np.float32)
-    v = rng.standard_normal((B, T), dtype=np.float32)
-    d = rng.random((B, T)) < 1e-3
+    bw = _triad_bw(N, rep)
+    tab.add(f"STREAM triad, {N} elements (f32)", 12 * N / bw / 1e9, 12, N, bw)
+    r, v, d = _inputs(rng, B, T)
     adv, ret = np.empty_like(r), np.empty_like(r)
-    t1 = _median(lambda: gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, out=(adv, ret)), rep)
-    row(f"1. gae dones B={B} T={T}", t1, 17 * N, bw, "target >= 0.70x triad")
+    t_dones = _median(lambda: gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, out=(adv, ret)), rep)
+    tab.add(f"gae dones [{B}, {T}] f32", t_dones, 17, N, bw, "target >= 0.80x")
     t_plain = _median(lambda: gaescan.gae(r, v, gamma=0.99, lam=0.95, out=(adv, ret)), rep)
-    row(f"3. gae plain B={B} T={T}", t_plain, 16 * N, bw)
-    t_ser = _median(lambda: _serial_numpy(r, v, 0.99, 0.95), max(1, rep // 3))
-    row("3. serial NumPy loop over T", t_ser, None, None, f"speedup {t_ser / t_plain:.1f}x (target >= 35x)")
-    t_mm = _median(lambda: _chunk_matmul(r, v, 0.99, 0.95), max(1, rep // 2))
-    row("3. chunk-scan matmul C=256", t_mm, None, None, f"speedup {t_mm / t_plain:.1f}x (target >= 10x)")
-
-
-def _time_major(Tm, Bm, rep, rng, row):
-    Nm = Tm * Bm
-    rT = rng.standard_normal((Tm, Bm), dtype=np.float32)
-    vT = rng.standard_normal((Tm, Bm), dtype=np.float32)
-    dT = rng.random((Tm, Bm)) < 1e-3
+    tab.add(f"gae plain [{B}, {T}] f32", t_plain, 16, N, bw, "target >= 0.80x")
+    t_ser = _median(lambda: serial_gae(np, r, v, 0.99, 0.95), max(1, rep // 3))
+    tab.add("  seed: serial loop over time (plain)", t_ser, None, None, None,
+            f"gae plain is {t_ser / t_plain:.1f}x faster (target >= 50x)")
+    t_mm = _median(lambda: chunk_scan_gae(np, r, v, 0.99, 0.95, 256), max(1, rep // 2))
+    tab.add("  seed: NumPy chunk-scan C=256 (plain)", t_mm, None, None, None,
+            f"gae plain is {t_mm / t_plain:.1f}x faster (target >= 15x)")
+    t_np = _median(lambda: gaescan.gae(r, v, gamma=0.99, lam=0.95, backend="numpy"), max(1, rep // 2))
+    tab.add("  gaescan backend='numpy' (plain)", t_np, 16, N, bw,
+            f"{t_ser / t_np:.1f}x the serial loop (target >= 5x)")
+    adv = ret = None
+    r8, v8 = r.astype(np.float64), v.astype(np.float64)
+    a8, o8 = np.empty_like(r8), np.empty_like(r8)
+    bw8 = _triad_bw(N, rep, np.float64)
+    tab.add(f"STREAM triad, {N} elements (f64)", 24 * N / bw8 / 1e9, 24, N, bw8)
+    tab.add(f"gae dones [{B}, {T}] f64",
+            _median(lambda: gaescan.gae(r8, v8, gamma=0.99, lam=0.95, dones=d, out=(a8, o8)), rep),
+            33, N, bw8, "target >= 0.70x")
+    tab.add(f"gae plain [{B}, {T}] f64",
+            _median(lambda: gaescan.gae(r8, v8, gamma=0.99, lam=0.95, out=(a8, o8)), rep),
+            32, N, bw8, "target >= 0.70x")
+    r8 = v8 = a8 = o8 = None  # free the float64 copies before the next cases
+    Tm, Bm = 8192, N // 8192
+    rT, vT, dT = (x.reshape(Tm, Bm) for x in (r, v, d))
     aT, oT = np.empty_like(rT), np.empty_like(rT)
-    t2 = _median(lambda: gaescan.gae(rT, vT, gamma=0.99, lam=0.95, dones=dT, axis=0, out=(aT, oT)), rep)
-    bw2 = 12 * Nm / _triad_time(Nm, rep) / 1e9  # triad over the same element count
-    row(f"2. gae dones time-major T={Tm} B={Bm}", t2, 17 * Nm, bw2, "target >= 0.70x triad")
+    tab.add(f"gae dones time-major [{Tm}, {Bm}] (axis=0)",
+            _median(lambda: gaescan.gae(rT, vT, gamma=0.99, lam=0.95, dones=dT, axis=0, out=(aT, oT)), rep),
+            17, N, bw, "target >= 0.80x")
+    rs, vs, ds = _inputs(rng, 8, 1024)
+    tab.add("small call [8, 1024] f32 dones, validation included",
+            _median(lambda: gaescan.gae(rs, vs, gamma=0.99, lam=0.95, dones=ds), max(rep, 501)),
+            note="target <= 20 us")
+    return r, v, d, bw
 
 
-def _features(B, T, rep, rng, row):
-    """Every other fused or general kernel, against the triad over the same count."""
+def feature_cases(tab, r, v, d, bw, rep, rng):
+    """Every other fused or general path on the same element count."""
+    B, T = r.shape
     N = B * T
-    bw = 12 * N / _triad_time(N, rep) / 1e9
-    row(f"STREAM triad, B*T = {B}*{T}", 12 * N / bw / 1e9, 12 * N, bw)
-    r = rng.standard_normal((B, T), dtype=np.float32)
-    v = rng.standard_normal((B, T), dtype=np.float32)
     nv = rng.standard_normal((B, T), dtype=np.float32)
-    d = rng.random((B, T)) < 1e-3
-    tr = rng.random((B, T)) < 1e-3
+    tr = rng.random((B, T), dtype=np.float32) < 1e-3
     # RLHF-style response mask: a prompt prefix, then the response
     m = np.ones((B, T), dtype=bool)
     m[:, : T // 8] = False
-    g = rng.uniform(0.9, 1.0, (B, T)).astype(np.float32)
+    a = rng.uniform(0.9, 1.0, (B, T)).astype(np.float32)
     o1, o2 = np.empty_like(r), np.empty_like(r)
+    # packed: the same steps as one row of variable-length sequences
+    lengths = rng.integers(T // 4, 2 * T, size=4 * B)
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    cu = cu[cu < N]
+    cu = np.append(cu, N).astype(np.int64)
+    rp, vp, p1, p2 = r.reshape(N), v.reshape(N), o1.reshape(N), o2.reshape(N)
     cases = [
-        ("gae mask (prompt prefix), gamma=1", lambda: gaescan.gae(r, v, gamma=1.0, lam=0.95, mask=m, out=(o1, o2)), 17),
-        ("gae next_values+terminated+truncated",
-         lambda: gaescan.gae(r, v, gamma=0.99, lam=0.95, next_values=nv, terminated=d, truncated=tr, out=(o1, o2)), 22),
-        ("gae per-step gamma (general kernel)", lambda: gaescan.gae(r, v, gamma=g, lam=0.95, dones=d, out=(o1, o2)), 21),
-        ("discounted_returns dones", lambda: gaescan.discounted_returns(r, gamma=0.99, dones=d, out=o1), 9),
-        ("linear_scan per-step a", lambda: gaescan.linear_scan(g, r, out=o1), 12),
+        ("gae mask (prompt prefix), gamma=1", 17,
+         lambda: gaescan.gae(r, v, gamma=1.0, lam=0.95, mask=m, out=(o1, o2))),
+        ("gae next_values+terminated+truncated", 22,
+         lambda: gaescan.gae(r, v, gamma=0.99, lam=0.95, next_values=nv, terminated=d, truncated=tr, out=(o1, o2))),
+        (f"gae packed cu_seqlens ({len(cu) - 1} sequences)", 16,
+         lambda: gaescan.gae(rp, vp, gamma=0.99, lam=0.95, cu_seqlens=cu, out=(p1, p2))),
+        ("discounted_returns dones", 9, lambda: gaescan.discounted_returns(r, gamma=0.99, dones=d, out=o1)),
+        ("linear_scan per-step a, reverse", 12, lambda: gaescan.linear_scan(a, r, reverse=True, out=o1)),
+        ("linear_scan per-step a, forward", 12, lambda: gaescan.linear_scan(a, r, out=o1)),
+        ("gae per-step gamma (general kernel)", 21,
+         lambda: gaescan.gae(r, v, gamma=a, lam=0.95, dones=d, out=(o1, o2))),
     ]
-    # the same element count as a time-major [T', B'] buffer, B' = 1024 environments
-    Tt, Bt = N // 1024, 1024
-    rT, vT, nvT, dT, trT = (x.reshape(Tt, Bt) for x in (r, v, nv, d, tr))
-    mT = np.ones((Tt, Bt), dtype=bool)
-    mT[: Tt // 8] = False
-    cases.append(("time-major next_values+term+trunc",
-                  lambda: gaescan.gae(rT, vT, gamma=0.99, lam=0.95, next_values=nvT, terminated=dT, truncated=trT,
-                                      axis=0, out=(o1.reshape(Tt, Bt), o2.reshape(Tt, Bt))), 22))
-    cases.append(("time-major mask (general sweep, gae_tm)",
-                  lambda: gaescan.gae(rT, vT, gamma=1.0, lam=0.95, mask=mT, axis=0,
-                                      out=(o1.reshape(Tt, Bt), o2.reshape(Tt, Bt))), 17))
-    for name, f, per in cases:
-        row(f"   {name}", _median(f, rep), per * N, bw)
+    for name, per, f in cases:
+        tab.add(name, _median(f, rep), per, N, bw, "target >= 0.70x" if "general" not in name else "")
 
 
-def _compile_times():
-    """Cold compile (empty cache), warm cache, and a fresh process's first call."""
-    import os
-    import subprocess
-    import sys
-    import tempfile
-
-    load = "import time; t=time.perf_counter(); from gaescan.backends import numba_cpu; numba_cpu.warmup(); "
-    first = ("import time; t=time.perf_counter(); import numpy as np, gaescan; "
-             "x=np.zeros((8, 1024), np.float32); gaescan.gae(x, x, gamma=0.99, lam=0.95); ")
-    out = []
-    with tempfile.TemporaryDirectory() as cache:
-        env = dict(os.environ, NUMBA_CACHE_DIR=cache)
-        for label, code in (("cold compile of every CPU kernel (empty cache)", load),
-                            ("same, warm on-disk cache", load),
-                            ("fresh process: import + first gae call (warm cache)", first)):
-            res = subprocess.run([sys.executable, "-c", code + "print(time.perf_counter()-t)"],
-                                 env=env, capture_output=True, text=True, check=True)
-            out.append((label, float(res.stdout.strip().splitlines()[-1])))
-    return out
+def thread_table(r, v, d, rep):
+    """Thread scaling of GAE with dones on the main shape: 1, 2, 4, ... threads."""
+    N = r.size
+    adv, ret = np.empty_like(r), np.empty_like(r)
+    top = numba.config.NUMBA_NUM_THREADS
+    print(f"\nthreads: GAE dones {list(r.shape)} f32 (17 B/step) and the triad at each thread count")
+    print(f"{'threads':>7s} {'gae median':>11s} {'GB/s':>7s} {'triad GB/s':>10s} {'x triad':>8s}")
+    n = 1
+    while n <= top:
+        numba.set_num_threads(n)
+        bw = _triad_bw(N, rep)
+        t = _median(lambda: gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, out=(adv, ret)), rep)
+        eff = 17 * N / t / 1e9
+        print(f"{n:7d} {t * 1e3:9.3f}ms {eff:7.1f} {bw:10.1f} {eff / bw:8.2f}")
+        n *= 2
+    numba.set_num_threads(top)
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=7)
-    ap.add_argument("--quick", action="store_true", help="smaller shapes (smoke test)")
-    ap.add_argument("--features", action="store_true", help="also time masks, next_values, returns, scans")
-    ap.add_argument("--compile", action="store_true", help="also time cold / warm-cache compilation")
+    ap.add_argument("--quick", action="store_true", help="smaller shapes (a smoke test, not a result)")
+    ap.add_argument("--features", action="store_true",
+                    help="also masks, next_values, packing, returns, scans")
+    ap.add_argument("--threads", action="store_true", help="also the thread-scaling table")
     args = ap.parse_args(argv)
-    rep = args.repeat
     B, T = (16, 16384) if args.quick else (256, 131072)
-    Tm, Bm = (1024, 512) if args.quick else (8192, 4096)
     rng = np.random.default_rng(0)
-    rows = []
-
-    def row(name, sec, bytes_=None, bw=None, extra=""):
-        eff = bytes_ / sec / 1e9 if bytes_ else None
-        rows.append((name, sec, eff, eff / bw if eff and bw else None, extra))
-
-    t_triad = _triad_time(B * T, rep)
-    bw = 12 * B * T / t_triad / 1e9
-    row("STREAM triad (numba prange)", t_triad, 12 * B * T, bw)
-    _batch_major(B, T, rep, rng, row, bw)
-    _time_major(Tm, Bm, rep, rng, row)
-
-    rs = rng.standard_normal((8, 1024), dtype=np.float32)
-    vs = rng.standard_normal((8, 1024), dtype=np.float32)
-    t4 = _median(lambda: gaescan.gae(rs, vs, gamma=0.99, lam=0.95), max(rep, 201))
-    row("4. small call B=8 T=1024", t4, None, None, "target <= 40 us")
-
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    tab = Table()
+    r, v, d, bw = main_cases(tab, B, T, args.repeat, rng)
     if args.features:
-        _features(*((16, 16384) if args.quick else (256, 32768)), rep, rng, row)
-    print(f"{'case':44s} {'median':>11s} {'GB/s':>7s} {'x triad':>8s}  note")
-    for name, sec, eff, ratio, extra in rows:
-        s = f"{sec * 1e3:9.3f}ms" if sec >= 1e-3 else f"{sec * 1e6:9.1f}us"
-        print(f"{name:44s} {s:>11s} {'' if eff is None else f'{eff:7.1f}':>7s} "
-              f"{'' if ratio is None else f'{ratio:8.2f}':>8s}  {extra}")
-    if args.compile:
-        for label, sec in _compile_times():
-            print(f"{label:52s} {sec:7.2f} s")
+        feature_cases(tab, r, v, d, bw, args.repeat, rng)
+    print(f"# python benchmarks/cpu_bench.py --repeat {args.repeat}"
+          f"{' --features' if args.features else ''}{' --threads' if args.threads else ''}"
+          f"{' --quick' if args.quick else ''}")
+    print(f"# {stamp}; machine: {machine()}; load average at start: {load}")
+    print(f"# medians of {args.repeat} timed calls (the small call: of {max(args.repeat, 501)}); "
+          "x triad = GB/s over the triad's GB/s on the same element count, same run")
+    tab.print()
+    if args.threads:
+        thread_table(r, v, d, args.repeat)
 
 
 if __name__ == "__main__":
