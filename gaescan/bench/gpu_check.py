@@ -279,6 +279,38 @@ def torch_case_check(env: Env) -> str:
     return _both(res, env.testing.gae(r, v, gamma=0.99, lam=0.95, dones=d), np.float32)
 
 
+def nccl_one_rank_check(env: Env) -> str:
+    """gaescan.distributed on a one-GPU NCCL group: the exchange runs on the device."""
+    import tempfile
+
+    torch = env.torch
+    import torch.distributed as dist
+
+    import gaescan.distributed as gd
+
+    if not dist.is_nccl_available():
+        raise AssertionError("this PyTorch build has no NCCL")
+    own = not dist.is_initialized()
+    if own:
+        torch.cuda.set_device(0)
+        dist.init_process_group("nccl", init_method=f"file://{tempfile.mkstemp()[1]}", rank=0, world_size=1)
+    try:
+        g = torch.Generator(device="cuda").manual_seed(1)
+        r = torch.randn(16, 50000, device="cuda", generator=g)
+        v = torch.randn(16, 50000, device="cuda", generator=g)
+        m = torch.rand(16, 50000, device="cuda", generator=g) < 0.9
+        res = gd.gae(r, v, gamma=0.99, lam=0.95, mask=m)
+        y = gd.whiten(res[0], m)
+        if res[0].device.type != "cuda" or y.device.type != "cuda":
+            raise AssertionError("expected CUDA tensors back")
+        want = env.testing.gae(r, v, gamma=0.99, lam=0.95, mask=m)
+        return (_both(res, want, np.float32) + " / whiten "
+                + compare(y, env.testing.whiten(want[0], m.cpu().numpy()), np.float32))
+    finally:
+        if own:
+            dist.destroy_process_group()
+
+
 def torch_stream_check(env: Env) -> str:
     """A call on a non-default torch stream."""
     torch = env.torch
@@ -568,6 +600,8 @@ def correctness_cases(n_long: int) -> list[CheckCase]:
         # PyTorch inputs and streams.
         C("torch CUDA tensors B=64 T=30000 f32", torch_case_check, needs_torch=True),
         C("torch non-default stream B=8 T=2^20", torch_stream_check, needs_torch=True),
+        C("gaescan.distributed on a one-GPU NCCL group (gae mask, whiten)", nccl_one_rank_check,
+          needs_torch=True),
         C("torch side stream, int32 cu_seqlens, CuPy's default stream busy", torch_stream_prep_check,
           needs_torch=True),
         C("torch time-major axis=0 f64 T=3000 B=256", torch_time_major_check, needs_torch=True),
