@@ -173,3 +173,59 @@ def test_safety_sentences():
     assert "not thread-safe" in _threading.safety("workqueue")
     assert _threading.safety("omp").startswith("thread-safe")
     assert "not started" in _threading.safety(None)
+
+
+# Every batch-major path on lengths across the prefetch tiles' edges, in
+# shapes above and below SERIAL_MAX_STEPS: a digest of every output's bits.
+_BITS = textwrap.dedent("""
+    import hashlib
+    import sys
+    import numpy as np
+    import numba
+    import gaescan
+    from gaescan.kernels import cpu
+
+    assert numba.get_num_threads() == int(sys.argv[1]), numba.get_num_threads()
+    L = cpu._L
+    digest = hashlib.sha256()
+    rng = np.random.default_rng(0)
+    for R, T in ((16, 4096 + 3 * L + 1), (64, 1031), (5, 2 * L + 1)):
+        for dtype in (np.float32, np.float64):
+            r = rng.standard_normal((R, T)).astype(dtype)
+            v = rng.standard_normal((R, T)).astype(dtype)
+            nv = rng.standard_normal((R, T)).astype(dtype)
+            d = rng.random((R, T)) < 0.01
+            tr = rng.random((R, T)) < 0.01
+            m = rng.random((R, T)) < 0.8
+            g = rng.uniform(0.9, 1.0, (R, T)).astype(dtype)
+            N = R * T
+            cu = np.unique(np.concatenate([[0, N], rng.integers(0, N, 2 * R)]))
+            outs = [
+                *gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d),
+                *gaescan.gae(r, v, gamma=0.999, lam=0.95),
+                *gaescan.gae(r, v, gamma=0.99, lam=0.95, mask=m, dones=d),
+                *gaescan.gae(r, v, gamma=0.99, lam=0.95, next_values=nv, terminated=d, truncated=tr),
+                *gaescan.gae(r, v, gamma=g, lam=0.95, dones=d, mask=m),
+                *gaescan.gae(r.reshape(-1), v.reshape(-1), gamma=0.99, lam=0.95, cu_seqlens=cu),
+                gaescan.discounted_returns(r, gamma=0.99, dones=d),
+                gaescan.discounted_returns(r.reshape(-1), gamma=0.99, cu_seqlens=cu),
+                gaescan.linear_scan(g, r),
+                gaescan.linear_scan(g, r, reverse=True),
+            ]
+            for x in outs:
+                digest.update(np.ascontiguousarray(x).tobytes())
+    print(digest.hexdigest())
+""")
+
+
+def test_bits_do_not_depend_on_the_thread_count():
+    """``NUMBA_NUM_THREADS=1`` and ``=2`` give the same bits on every
+    batch-major path (rows are independent; no split depends on threads)."""
+    digests = []
+    for n in (1, 2):
+        env = {**os.environ, "NUMBA_NUM_THREADS": str(n)}
+        p = subprocess.run([sys.executable, "-c", _BITS, str(n)], env=env, capture_output=True, text=True,
+                           timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
+        digests.append(p.stdout.strip().splitlines()[-1])
+    assert digests[0] == digests[1]

@@ -33,13 +33,35 @@ float32, as in a textbook float32 loop.  It runs fewer instructions per step
 horizon ``1/(1 − decay)``, so the backend uses it only where every decay is
 known to be far from 1 (see :mod:`gaescan.backends.numba_cpu`).
 
-The general kernels below run sequences in parallel (``prange``), each one a
-serial scan; they serve every feature combination.  The fast paths at the end
-of the module (:func:`gae_rows_fused`, :func:`gae_timemajor`) serve plain
-GAE with terminations and per-row/scalar γ, λ (the common RL case): fused
-(δ computed on the fly, each output written once, no temporaries), one lean
-serial chain per batch-major row, vectorised across the batch on time-major
-buffers.
+The general kernels below run sequences in parallel (``prange``), two
+sequences per loop (two independent chains hide each other's latency): rows
+``2u`` and ``2u + 1``, or segments ``2u`` and ``2u + 1`` of a packed row.
+They serve every feature combination.
+
+Memory order.  The batch-major kernels scan each row from its end, but the
+hardware prefetchers of some x86 CPUs do not follow a descending stream.  The
+kernels can therefore be built to request their memory with software
+prefetches, in ascending address order (``_PREFETCH = True``, a candidate
+beside the default build without them, see below): a row (or segment) is cut into tiles of ``_L`` steps from its end, and
+while the scan runs down one tile it requests, one cache line of every array
+per line of steps, the tile two below it, upwards.  Every line is then
+requested one to three tiles before the scan reaches it, and the requests
+stay spread over the scan (a burst would fill the line-fill buffers and stall
+the scan's loads).  The prefetches change no arithmetic: each step runs the
+same operations in the same order, so results are the bits of a plain
+backward loop.  The default build (``_PREFETCH = False``) has none: on the
+Intel machine this project is measured on, the prefetching build is slower in
+the loops with flags, and its gain where descending streams are slow (AMD
+EPYC) is not yet measured; ``benchmarks/stream_direction.py --prefetch``
+times both builds side by side, for that decision.
+Forward scans stream memory upwards and carry no prefetches; neither do the
+time-major kernels, which read each step's block of batch columns upwards.
+
+The fast paths at the end of the module (:func:`gae_rows_fused`,
+:func:`gae_timemajor`) serve plain GAE with terminations and per-row/scalar
+γ, λ (the common RL case): fused (δ computed on the fly, each output written
+once, no temporaries), rows in pairs on batch-major buffers, vectorised
+across the batch on time-major buffers.
 """
 
 from __future__ import annotations
@@ -50,8 +72,11 @@ from types import FunctionType
 from typing import Any
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, prange, types
+from numba.core import cgutils
 from numba.core.caching import NullCache
+from numba.extending import intrinsic
 
 from .. import _threading
 
@@ -215,6 +240,7 @@ def _renamed(func: Callable[..., Any], suffix: str, namespace: dict[str, Any]) -
 # resolve their globals in a copy of this module's namespace where ``_f8`` is
 # float32 and each of these helpers is a copy compiled against that namespace.
 _STATE_HELPERS = ("_gae_at", "_ret_at", "_scan_at", "_gstep", "_mstep", "_nstep",
+                  "_gae_span", "_gae_span2", "_ret_span", "_ret_span2",
                   "_gae_row", "_gae_pair", "_gae_unit")
 _F4_NAMESPACE: dict[str, Any] = {}
 
@@ -339,8 +365,148 @@ def _scan_at(a, b, i, j, y, out):
     return y
 
 
-# Rows run in pairs (two independent chains in one loop hide each other's
-# latency, see _gae_pair below); a packed row runs segment by segment.
+# ------------------------------------------------------------ tiles and prefetch
+#
+# Every batch-major kernel walks its rows backwards in time, and the hardware
+# prefetchers of some x86 CPUs do not follow a descending stream.  So the
+# kernels request their memory themselves, with software prefetches, in
+# ascending address order: a row (or packed segment) is cut into tiles of
+# ``_L`` steps from its end, and while the scan runs down tile ``k`` it
+# requests tile ``k + 2`` (two tiles below in memory) upwards, one cache line
+# of every array it touches per line of steps (see :func:`_ahead`).  Each line
+# is requested between one and three tiles before the scan reaches it, and
+# the requests stay spread over the scan: a burst of them would fill the
+# core's line-fill buffers and stall the scan's own loads.  Prefetches
+# change no arithmetic: each step runs the same operations in the same order
+# as in a loop without them, so the results are the same bits.
+
+_L = 128      # steps per tile
+_LINE = 64    # bytes per cache line
+# False compiles the kernels without prefetches (the loops of a plain
+# backward scan); True is the candidate build (see the module docstring).  A
+# change of this line changes the module's source, which invalidates Numba's
+# disk cache of its kernels.
+_PREFETCH = False
+
+
+def _prefetch_intrinsic(write: bool):
+    # llvm.prefetch(ptr, rw, locality, cache = data).  Reads use locality 2
+    # (``prefetcht1`` on x86: into L2, which holds the tiles in flight);
+    # writes use locality 3, which x86 lowers to ``prefetchw`` (the line
+    # arrives owned, so the store that follows needs no second request).
+    rw, locality = (1, 3) if write else (0, 2)
+
+    @intrinsic
+    def prefetch(typingctx, ary, i, t):
+        if not (isinstance(ary, types.Array) and ary.ndim == 2
+                and isinstance(i, types.Integer) and isinstance(t, types.Integer)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            arr = context.make_array(ary)(context, builder, args[0])
+            inds = [context.cast(builder, args[1], i, types.intp), context.cast(builder, args[2], t, types.intp)]
+            ptr = cgutils.get_item_pointer2(context, builder, arr.data, cgutils.unpack_tuple(builder, arr.shape),
+                                            cgutils.unpack_tuple(builder, arr.strides), ary.layout, inds,
+                                            wraparound=False, boundscheck=False)
+            i32 = ir.IntType(32)
+            pty = cgutils.voidptr_t
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [pty, i32, i32, i32]),
+                                                "llvm.prefetch." + pty.intrinsic_name)
+            builder.call(fn, [builder.bitcast(ptr, pty), i32(rw), i32(locality), i32(1)])
+            return context.get_dummy_value()
+
+        return types.void(ary, i, t), codegen
+
+    return prefetch
+
+
+_prefetch_r = _prefetch_intrinsic(False)
+_prefetch_w = _prefetch_intrinsic(True)
+
+
+@njit(inline="always")
+def _ahead(e, b, j):
+    """The position to prefetch at step ``j`` of a sequence that runs from
+    ``e - 1`` down to ``b`` (step ``j`` at ``e - 1 - j``): step ``s`` of tile
+    ``j // _L`` requests position ``s`` of tile ``j // _L + 2``, counted
+    upwards from that tile's lowest position; -1 below ``b``."""
+    if not _PREFETCH:
+        return np.int64(-1)
+    k = j // _L
+    p = e - (k + 3) * _L + (j - k * _L)
+    return p if p >= b else np.int64(-1)
+
+
+@njit(inline="always")
+def _pf_gae(rewards, values, next_values, gamma, lam, term, trunc, mask, i, p, adv, ret):
+    # Broadcast coefficients and absent flags are zero-stride views: their
+    # requests hit the one cached line.
+    _prefetch_r(rewards, i, p)
+    _prefetch_r(values, i, p)
+    _prefetch_r(next_values, i, p)
+    _prefetch_r(gamma, i, p)
+    _prefetch_r(lam, i, p)
+    _prefetch_r(term, i, p)
+    _prefetch_r(trunc, i, p)
+    _prefetch_r(mask, i, p)
+    _prefetch_w(adv, i, p)
+    _prefetch_w(ret, i, p)
+
+
+# Sequences run in pairs (two independent chains in one loop hide each
+# other's latency, see _gae_pair below): rows 2u and 2u + 1, or segments 2u
+# and 2u + 1 of a packed row.  Both sequences run their first ``min(n0, n1)``
+# steps in the pair's loop; the rest of the longer one runs alone.  A step
+# ``j`` of a sequence ending before ``e`` is at position ``e - 1 - j``.
+
+
+@njit(inline="always")
+def _gae_span(rewards, values, next_values, gamma, lam, term, trunc, mask, has_next,
+              i, e, b, j0, j1, a, v, zero, adv, ret):
+    E = _LINE // adv.itemsize
+    for j in range(j0, j1):
+        if (j - j0) & (E - 1) == 0:
+            p = _ahead(e, b, j)
+            if p >= 0:
+                _pf_gae(rewards, values, next_values, gamma, lam, term, trunc, mask, i, p, adv, ret)
+        a, v = _gae_at(rewards, values, next_values, gamma, lam, term, trunc, mask, has_next,
+                       i, np.uint64(e - 1 - j), a, v, zero, adv, ret)
+    return a, v
+
+
+@njit(inline="always")
+def _gae_span2(rewards, values, next_values, gamma, lam, term, trunc, mask, has_next,
+               i0, e0, b0, i1, e1, b1, j1, a0, v0, a1, v1, zero, adv, ret):
+    E = _LINE // adv.itemsize
+    for j in range(j1):
+        if j & (E - 1) == 0:
+            p = _ahead(e0, b0, j)
+            if p >= 0:
+                _pf_gae(rewards, values, next_values, gamma, lam, term, trunc, mask, i0, p, adv, ret)
+            p = _ahead(e1, b1, j)
+            if p >= 0:
+                _pf_gae(rewards, values, next_values, gamma, lam, term, trunc, mask, i1, p, adv, ret)
+        a0, v0 = _gae_at(rewards, values, next_values, gamma, lam, term, trunc, mask, has_next,
+                         i0, np.uint64(e0 - 1 - j), a0, v0, zero, adv, ret)
+        a1, v1 = _gae_at(rewards, values, next_values, gamma, lam, term, trunc, mask, has_next,
+                         i1, np.uint64(e1 - 1 - j), a1, v1, zero, adv, ret)
+    return a0, v0, a1, v1
+
+
+@njit(inline="always")
+def _pair(u, n, T, cu, packed):
+    """Sequences ``2u`` and ``2u + 1``: ``(two, i0, e0, b0, i1, e1, b1)``, the
+    row, end and start of each (``b1 = e1`` when ``2u`` is the last one)."""
+    s0 = 2 * np.int64(u)
+    s1 = s0 + 1
+    two = s1 < n
+    z = np.int64(0)
+    if packed:
+        e0 = cu[s0 + 1]
+        e1 = cu[s1 + 1] if two else e0
+        return two, z, e0, cu[s0], z, e1, cu[s1] if two else e1
+    T = np.int64(T)
+    return two, s0, T, z, s1 if two else s0, T, z if two else T
 
 
 @kernel(
@@ -357,33 +523,64 @@ def gae_rows(rewards, values, next_values, gamma, lam, term, trunc, mask,
     next unmasked position, else ``bound[s]`` (``last_value``); ``A`` past the
     end is ``carry[s]`` (``last_advantage``).
     """
-    T = rewards.shape[1]
     n = bound.shape[0]
-    units = n if packed else (n + 1) // 2
-    for u in prange(units):
-        # a packed row: segment u; otherwise rows i = 2u and k = 2u + 1
-        i = np.int64(u) if packed else 2 * np.int64(u)
-        k = i + 1
-        a0 = _f8(carry[i])
-        v0 = bound[i]
-        if packed:
-            for t in range(cu[k] - 1, cu[i] - 1, -1):
-                a0, v0 = _gae_at(rewards, values, next_values, gamma, lam, term, trunc, mask, has_next,
-                                 0, t, a0, v0, zero, adv, ret)
-        elif k < n:
-            a1 = _f8(carry[k])
-            v1 = bound[k]
-            for j in range(T):
-                t = np.uint64(T - 1 - j)
-                a0, v0 = _gae_at(rewards, values, next_values, gamma, lam, term, trunc, mask, has_next,
-                                 i, t, a0, v0, zero, adv, ret)
-                a1, v1 = _gae_at(rewards, values, next_values, gamma, lam, term, trunc, mask, has_next,
-                                 k, t, a1, v1, zero, adv, ret)
-        else:
-            for j in range(T):
-                t = np.uint64(T - 1 - j)
-                a0, v0 = _gae_at(rewards, values, next_values, gamma, lam, term, trunc, mask, has_next,
-                                 i, t, a0, v0, zero, adv, ret)
+    for u in prange((n + 1) // 2):
+        two, i0, e0, b0, i1, e1, b1 = _pair(u, n, rewards.shape[1], cu, packed)
+        s0 = 2 * np.int64(u)
+        s1 = s0 + 1 if two else s0
+        a0 = _f8(carry[s0])
+        v0 = bound[s0]
+        a1 = _f8(carry[s1])
+        v1 = bound[s1]
+        n0 = e0 - b0
+        n1 = e1 - b1
+        m = min(n0, n1)
+        if m > 0:
+            a0, v0, a1, v1 = _gae_span2(rewards, values, next_values, gamma, lam, term, trunc, mask, has_next,
+                                        i0, e0, b0, i1, e1, b1, m, a0, v0, a1, v1, zero, adv, ret)
+        if n0 > m:
+            _gae_span(rewards, values, next_values, gamma, lam, term, trunc, mask, has_next,
+                      i0, e0, b0, m, n0, a0, v0, zero, adv, ret)
+        elif n1 > m:
+            _gae_span(rewards, values, next_values, gamma, lam, term, trunc, mask, has_next,
+                      i1, e1, b1, m, n1, a1, v1, zero, adv, ret)
+
+
+@njit(inline="always")
+def _pf_ret(rewards, gamma, dones, mask, i, p, out):
+    _prefetch_r(rewards, i, p)
+    _prefetch_r(gamma, i, p)
+    _prefetch_r(dones, i, p)
+    _prefetch_r(mask, i, p)
+    _prefetch_w(out, i, p)
+
+
+@njit(inline="always")
+def _ret_span(rewards, gamma, dones, mask, i, e, b, j0, j1, G, zero, out):
+    E = _LINE // out.itemsize
+    for j in range(j0, j1):
+        if (j - j0) & (E - 1) == 0:
+            p = _ahead(e, b, j)
+            if p >= 0:
+                _pf_ret(rewards, gamma, dones, mask, i, p, out)
+        G = _ret_at(rewards, gamma, dones, mask, i, np.uint64(e - 1 - j), G, zero, out)
+    return G
+
+
+@njit(inline="always")
+def _ret_span2(rewards, gamma, dones, mask, i0, e0, b0, i1, e1, b1, j1, G0, G1, zero, out):
+    E = _LINE // out.itemsize
+    for j in range(j1):
+        if j & (E - 1) == 0:
+            p = _ahead(e0, b0, j)
+            if p >= 0:
+                _pf_ret(rewards, gamma, dones, mask, i0, p, out)
+            p = _ahead(e1, b1, j)
+            if p >= 0:
+                _pf_ret(rewards, gamma, dones, mask, i1, p, out)
+        G0 = _ret_at(rewards, gamma, dones, mask, i0, np.uint64(e0 - 1 - j), G0, zero, out)
+        G1 = _ret_at(rewards, gamma, dones, mask, i1, np.uint64(e1 - 1 - j), G1, zero, out)
+    return G0, G1
 
 
 @kernel(
@@ -393,26 +590,21 @@ def gae_rows(rewards, values, next_values, gamma, lam, term, trunc, mask,
 )
 def returns_rows(rewards, gamma, dones, mask, bound, cu, packed, zero, out):
     """``G_t = r_t + γ(1−done_t) G_{τ(t)}``, ``G`` past the end = ``bound[s]``."""
-    T = rewards.shape[1]
     n = bound.shape[0]
-    units = n if packed else (n + 1) // 2
-    for u in prange(units):
-        i = np.int64(u) if packed else 2 * np.int64(u)
-        k = i + 1
-        G0 = _f8(bound[i])
-        if packed:
-            for t in range(cu[k] - 1, cu[i] - 1, -1):
-                G0 = _ret_at(rewards, gamma, dones, mask, 0, t, G0, zero, out)
-        elif k < n:
-            G1 = _f8(bound[k])
-            for j in range(T):
-                t = np.uint64(T - 1 - j)
-                G0 = _ret_at(rewards, gamma, dones, mask, i, t, G0, zero, out)
-                G1 = _ret_at(rewards, gamma, dones, mask, k, t, G1, zero, out)
-        else:
-            for j in range(T):
-                t = np.uint64(T - 1 - j)
-                G0 = _ret_at(rewards, gamma, dones, mask, i, t, G0, zero, out)
+    for u in prange((n + 1) // 2):
+        two, i0, e0, b0, i1, e1, b1 = _pair(u, n, rewards.shape[1], cu, packed)
+        s0 = 2 * np.int64(u)
+        G0 = _f8(bound[s0])
+        G1 = _f8(bound[s0 + 1 if two else s0])
+        n0 = e0 - b0
+        n1 = e1 - b1
+        m = min(n0, n1)
+        if m > 0:
+            G0, G1 = _ret_span2(rewards, gamma, dones, mask, i0, e0, b0, i1, e1, b1, m, G0, G1, zero, out)
+        if n0 > m:
+            _ret_span(rewards, gamma, dones, mask, i0, e0, b0, m, n0, G0, zero, out)
+        elif n1 > m:
+            _ret_span(rewards, gamma, dones, mask, i1, e1, b1, m, n1, G1, zero, out)
 
 
 @kernel(
@@ -420,22 +612,48 @@ def returns_rows(rewards, gamma, dones, mask, bound, cu, packed, zero, out):
     parallel=True,
 )
 def scan_rows(a, b, reverse, initial, out):
-    """``y_t = a_t y_{t∓1} + b_t`` per row, starting from ``initial[r]``."""
+    """``y_t = a_t y_{t∓1} + b_t`` per row, starting from ``initial[r]``.
+    The forward scan walks memory upwards: it needs no prefetches."""
     R, T = b.shape
+    E = _LINE // out.itemsize
     for u in prange((R + 1) // 2):
         i = 2 * np.int64(u)
         k = i + 1
         y0 = _f8(initial[i])
-        if k < R:
+        if not reverse:
+            if k < R:
+                y1 = _f8(initial[k])
+                for j in range(T):
+                    t = np.uint64(j)
+                    y0 = _scan_at(a, b, i, t, y0, out)
+                    y1 = _scan_at(a, b, k, t, y1, out)
+            else:
+                for j in range(T):
+                    y0 = _scan_at(a, b, i, np.uint64(j), y0, out)
+        elif k < R:
             y1 = _f8(initial[k])
             for j in range(T):
-                t = np.uint64(T - 1 - j) if reverse else np.uint64(j)
+                if j & (E - 1) == 0:
+                    p = _ahead(T, 0, j)
+                    if p >= 0:
+                        _prefetch_r(a, i, p)
+                        _prefetch_r(a, k, p)
+                        _prefetch_r(b, i, p)
+                        _prefetch_r(b, k, p)
+                        _prefetch_w(out, i, p)
+                        _prefetch_w(out, k, p)
+                t = np.uint64(T - 1 - j)
                 y0 = _scan_at(a, b, i, t, y0, out)
                 y1 = _scan_at(a, b, k, t, y1, out)
         else:
             for j in range(T):
-                t = np.uint64(T - 1 - j) if reverse else np.uint64(j)
-                y0 = _scan_at(a, b, i, t, y0, out)
+                if j & (E - 1) == 0:
+                    p = _ahead(T, 0, j)
+                    if p >= 0:
+                        _prefetch_r(a, i, p)
+                        _prefetch_r(b, i, p)
+                        _prefetch_w(out, i, p)
+                y0 = _scan_at(a, b, i, np.uint64(T - 1 - j), y0, out)
 
 
 # ------------------------------------------------------------ time-major, general
@@ -573,6 +791,32 @@ def _nstep(rt, vt, nvt, term, done, g, gl, an):
     return delta if done else delta + gl * an
 
 
+@njit(inline="always")
+def _pfr(x, i, k, p):
+    _prefetch_r(x, i, p)
+    _prefetch_r(x, k, p)
+
+
+@njit(inline="always")
+def _pfw(x, i, k, p):
+    _prefetch_w(x, i, p)
+    _prefetch_w(x, k, p)
+
+
+@njit(inline="always")
+def _pfr1(x, i, p):
+    _prefetch_r(x, i, p)
+
+
+@njit(inline="always")
+def _pfw1(x, i, p):
+    _prefetch_w(x, i, p)
+
+
+# The fused loops request, at the first step of each cache line of steps, one
+# line of every array they touch, two tiles ahead (see _ahead).
+
+
 @njit(fastmath=_FM, nogil=True, cache=True)
 def _gae_row(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask, g, gl, vlast, alast):
     """Row ``i``, reverse in time, fused: δ on the fly, each output written once."""
@@ -581,8 +825,20 @@ def _gae_row(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask, g, g
     an = alast
     vn = vlast
     zero = ft(0)
+    E = _LINE // adv.itemsize
     if has_next:
         for j in range(T):
+            if j & (E - 1) == 0:
+                p = _ahead(T, 0, j)
+                if p >= 0:
+                    _pfr1(nv, i, p)
+                    _pfr1(r, i, p)
+                    _pfr1(v, i, p)
+                    _pfw1(adv, i, p)
+                    _pfw1(ret, i, p)
+                    if j & (_LINE - 1) == 0:  # a flag line holds 64 steps
+                        _pfr1(d, i, p)
+                        _pfr1(tr, i, p)
             t = np.uint64(T - 1 - j)
             vt = v[i, t]
             dt = d[i, t] != 0
@@ -592,6 +848,17 @@ def _gae_row(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask, g, g
             ret[i, t] = o + vt
     elif has_mask:
         for j in range(T):
+            if j & (E - 1) == 0:
+                p = _ahead(T, 0, j)
+                if p >= 0:
+                    _pfr1(r, i, p)
+                    _pfr1(v, i, p)
+                    _pfw1(adv, i, p)
+                    _pfw1(ret, i, p)
+                    if j & (_LINE - 1) == 0:  # a flag line holds 64 steps
+                        if has_term:
+                            _pfr1(d, i, p)
+                        _pfr1(m, i, p)
             t = np.uint64(T - 1 - j)
             an, vn, a_out, v_out = _mstep(r[i, t], v[i, t], has_term and d[i, t] != 0,
                                           m[i, t] != 0, g, gl, an, vn, zero)
@@ -600,6 +867,15 @@ def _gae_row(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask, g, g
             ret[i, t] = o + v_out
     elif has_term:
         for j in range(T):
+            if j & (E - 1) == 0:
+                p = _ahead(T, 0, j)
+                if p >= 0:
+                    _pfr1(r, i, p)
+                    _pfr1(v, i, p)
+                    _pfw1(adv, i, p)
+                    _pfw1(ret, i, p)
+                    if j & (_LINE - 1) == 0:  # a flag line holds 64 steps
+                        _pfr1(d, i, p)
             t = np.uint64(T - 1 - j)
             vt = v[i, t]
             an = _gstep(r[i, t], vt, vn, d[i, t] != 0, g, gl, an)
@@ -609,6 +885,13 @@ def _gae_row(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask, g, g
             vn = vt
     else:
         for j in range(T):
+            if j & (E - 1) == 0:
+                p = _ahead(T, 0, j)
+                if p >= 0:
+                    _pfr1(r, i, p)
+                    _pfr1(v, i, p)
+                    _pfw1(adv, i, p)
+                    _pfw1(ret, i, p)
             t = np.uint64(T - 1 - j)
             vt = v[i, t]
             an = _f8(r[i, t] + g * vn - vt) + gl * an
@@ -631,8 +914,20 @@ def _gae_pair(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask,
     v0 = vl0
     v1 = vl1
     zero = ft(0)
+    E = _LINE // adv.itemsize
     if has_next:
         for j in range(T):
+            if j & (E - 1) == 0:
+                p = _ahead(T, 0, j)
+                if p >= 0:
+                    _pfr(nv, i, k, p)
+                    _pfr(r, i, k, p)
+                    _pfr(v, i, k, p)
+                    _pfw(adv, i, k, p)
+                    _pfw(ret, i, k, p)
+                    if j & (_LINE - 1) == 0:  # a flag line holds 64 steps
+                        _pfr(d, i, k, p)
+                        _pfr(tr, i, k, p)
             t = np.uint64(T - 1 - j)
             x0 = v[i, t]
             x1 = v[k, t]
@@ -648,6 +943,17 @@ def _gae_pair(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask,
             ret[k, t] = o1 + x1
     elif has_mask:
         for j in range(T):
+            if j & (E - 1) == 0:
+                p = _ahead(T, 0, j)
+                if p >= 0:
+                    _pfr(r, i, k, p)
+                    _pfr(v, i, k, p)
+                    _pfw(adv, i, k, p)
+                    _pfw(ret, i, k, p)
+                    if j & (_LINE - 1) == 0:  # a flag line holds 64 steps
+                        if has_term:
+                            _pfr(d, i, k, p)
+                        _pfr(m, i, k, p)
             t = np.uint64(T - 1 - j)
             a0, v0, b0, w0 = _mstep(r[i, t], v[i, t], has_term and d[i, t] != 0,
                                     m[i, t] != 0, g0, gl0, a0, v0, zero)
@@ -661,6 +967,15 @@ def _gae_pair(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask,
             ret[k, t] = o1 + w1
     elif has_term:
         for j in range(T):
+            if j & (E - 1) == 0:
+                p = _ahead(T, 0, j)
+                if p >= 0:
+                    _pfr(r, i, k, p)
+                    _pfr(v, i, k, p)
+                    _pfw(adv, i, k, p)
+                    _pfw(ret, i, k, p)
+                    if j & (_LINE - 1) == 0:  # a flag line holds 64 steps
+                        _pfr(d, i, k, p)
             t = np.uint64(T - 1 - j)
             x0 = v[i, t]
             x1 = v[k, t]
@@ -676,6 +991,13 @@ def _gae_pair(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask,
             v1 = x1
     else:
         for j in range(T):
+            if j & (E - 1) == 0:
+                p = _ahead(T, 0, j)
+                if p >= 0:
+                    _pfr(r, i, k, p)
+                    _pfr(v, i, k, p)
+                    _pfw(adv, i, k, p)
+                    _pfw(ret, i, k, p)
             t = np.uint64(T - 1 - j)
             x0 = v[i, t]
             x1 = v[k, t]
@@ -689,6 +1011,8 @@ def _gae_pair(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask,
             ret[k, t] = o1 + x1
             v0 = x0
             v1 = x1
+
+
 
 
 @njit(fastmath=_FM, nogil=True, cache=True)
