@@ -259,6 +259,31 @@ def scan_case(backend, rng, reverse, form, dtype, T):
     assert_unchanged(kw, snap)
 
 
+@pytest.mark.parametrize("poison", POISON, ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+def test_linear_scan_nonfinite_decay_beyond_a_cut(backend, reverse, poison):
+    # a_t = 0 cuts the row: a NaN or an infinity in a beyond the cut (at a
+    # step the cut's own step does not depend on) never reaches the cut's
+    # step nor the steps that see the row through it, whatever the chunk a
+    # backend puts them in.
+    for T in (SMALL_NAN_LENGTHS if backend.small else [2, 5, 33, 200, 1000]):
+        a = np.full((2, T), 0.9, np.float32)
+        b = np.ones((2, T), np.float32)
+        for cut in {0, T // 2, T - 2} - {-1}:
+            beyond = cut + 1 if reverse else cut - 1
+            if not 0 <= beyond < T:
+                continue
+            x = a.copy()
+            x[:, cut] = 0
+            x[:, beyond] = poison
+            y = backend.scan(x, b, reverse=reverse)
+            ref = gt.linear_scan(x, b, reverse=reverse)
+            # the cut's step and the steps that see the row through it
+            part = slice(0, cut + 1) if reverse else slice(cut, T)
+            assert np.isfinite(ref[:, part]).all()
+            check(np.ascontiguousarray(y[:, part]), ref[:, part], np.float32, f"linear_scan T={T} cut={cut}")
+
+
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
 def test_linear_scan_nonfinite_initial(backend, rng, reverse):
     T = 33 if backend.small else 300

@@ -180,12 +180,17 @@ def reverse_scan(xp: Any, a: Coeff, b: Any, init: Any, chunk: int, out: Any = No
     # them again and again: they are kept in float64, because a float32 product
     # of equal factors rounds the same way in every chunk and the error grows
     # with the number of chunks.  The in-chunk products P3 meet a carry once.
+    # A product is exactly 0 from a cut on (a select, as in _step): a NaN or
+    # an infinity beyond the cut must not reach the carry's weight (0 · NaN).
     wide = _wide(dtype)
     head_decay = a3[:, :, C - 1].astype(wide)
+    zero, zero_wide = dtype.type(0), wide.type(0)
     for i in range(C - 2, -1, -1):
-        y3[:, :, i] = _step(xp, a3[:, :, i], y3[:, :, i + 1], y3[:, :, i])
-        xp.multiply(a3[:, :, i], P3[:, :, i + 1], out=P3[:, :, i])
-        head_decay *= a3[:, :, i]
+        ai = a3[:, :, i]
+        y3[:, :, i] = _step(xp, ai, y3[:, :, i + 1], y3[:, :, i])
+        cut = ai == 0
+        P3[:, :, i] = xp.where(cut | (P3[:, :, i + 1] == 0), zero, ai * P3[:, :, i + 1])
+        head_decay = xp.where(cut | (head_decay == 0), zero_wide, head_decay * ai)
     y_heads = reverse_scan(xp, head_decay, y3[:, :, 0].astype(wide), init.astype(wide), C)
     carry = xp.concatenate([y_heads[:, 1:], init[:, None]], axis=1).astype(dtype)
     return _step(xp, P3, carry[:, :, None], y3).reshape(R, nC * C)[:, pad:]
