@@ -18,6 +18,8 @@ from ._carry import (
     scan_summary,
 )
 from ._stats import Moments, combine_moments, group_normalize, moments, whiten
+from ._turn_gae import turn_gae
+from ._vtrace import VTraceResult, vtrace
 
 __all__ = [
     "GAEResult",
@@ -34,6 +36,9 @@ __all__ = [
     "whiten",
     "moments",
     "combine_moments",
+    "VTraceResult",
+    "vtrace",
+    "turn_gae",
     "Moments",
     "__version__",
 ]

@@ -828,3 +828,80 @@ def vtrace(rewards: Any, values: Any, log_rhos: Any, *, gamma: Any, lam: Any = 1
 
 
 __all__ += ["VTraceResult", "vtrace"]
+
+
+# ------------------------------------------------------------------ turn-level GAE
+
+
+def _turn_gae_row(r, v, ids, m, g, gl, lv, adv, ret):
+    """One row of turn-level GAE, literally: turns in id order, outputs in place."""
+    turns: dict[int, list[int]] = {}
+    for t in range(len(r)):
+        if m[t]:
+            turns.setdefault(int(ids[t]), []).append(t)
+    a_next, u_next = 0.0, lv
+    for k in sorted(turns, reverse=True):
+        tokens = turns[k]
+        rk = 0.0
+        for t in tokens:
+            rk += r[t]
+        u = v[tokens[0]]
+        a = rk + g * u_next - u + gl * a_next
+        for t in tokens:
+            adv[t] = a
+            ret[t] = a + u
+        a_next, u_next = a, u
+
+
+def turn_gae(rewards: Any, values: Any, turn_ids: Any, *, gamma: Any, lam: Any, mask: Any = None,
+             last_value: Any = None, axis: int = -1, out: Any = None, backend: Any = "auto") -> GAEResult:
+    r"""The float64 reference of :func:`gaescan.turn_gae`.
+
+    Per row, turn ``k`` is the set of valid tokens with id ``k``, turns in id
+    order: ``R_k`` the sum of their rewards, ``U_k`` the value at the first
+    one, ``A_k = R_k + γ U_{k+1} − U_k + γλ A_{k+1}`` (``U`` after the last
+    turn = ``last_value``, ``A`` = 0); each token of turn ``k`` gets ``A_k``
+    and ``A_k + U_k``, masked tokens 0.  The ids' order along time is not
+    checked here.
+
+    Parameters
+    ----------
+    rewards, values, turn_ids, gamma, lam, mask, last_value, axis
+        As for :func:`gaescan.turn_gae`, in any array library.
+    out, backend
+        Ignored (accepted so that a call's keyword arguments can be reused).
+
+    Returns
+    -------
+    GAEResult
+        ``(advantages, returns)`` as float64 NumPy arrays of the input shape.
+
+    Examples
+    --------
+    >>> import numpy as np, gaescan.testing
+    >>> r = np.array([0.0, 1.0, 0.0, 0.0, 2.0]); v = np.array([0.5, 9.0, 1.0, 9.0, 9.0])
+    >>> gaescan.testing.turn_gae(r, v, np.array([0, 0, 1, 1, 1]), gamma=1.0, lam=1.0).advantages
+    array([2.5, 2.5, 1. , 1. , 1. ])
+    """
+    dtype = result_dtype(rewards, values, last_value, gamma, lam)
+    rewards, values, turn_ids, mask, last_value, gamma, lam = map(
+        _host, (rewards, values, turn_ids, mask, last_value, gamma, lam))
+    shape = np.shape(rewards)
+    rows = _Rows(shape, axis)
+    g = rows.take(_rounded(gamma, dtype))
+    gl = g * rows.take(_rounded(lam, dtype))
+    r, v = rows.take(rewards), rows.take(values)
+    ids = rows.take(turn_ids, np.int64)
+    m = rows.flag(mask, True)
+    lv = rows.boundary(last_value, dtype)
+    adv = np.zeros(r.shape)
+    ret = np.zeros(r.shape)
+    for j in range(rows.R if rows.T else 0):
+        a_out, r_out = [0.0] * rows.T, [0.0] * rows.T
+        _turn_gae_row(r[:, j].tolist(), v[:, j].tolist(), ids[:, j].tolist(), m[:, j].tolist(),
+                      float(g[0, j]), float(gl[0, j]), float(lv[j]), a_out, r_out)
+        adv[:, j], ret[:, j] = a_out, r_out
+    return GAEResult(rows.back(adv), rows.back(ret))
+
+
+__all__ += ["turn_gae"]

@@ -1,0 +1,95 @@
+"""The ``"numba"`` backend of :func:`gaescan.vtrace`: Numba CPU kernels on NumPy arrays.
+
+Casting to the kernels' argument kinds happens here (see
+:mod:`gaescan.kernels.cpu_vtrace`); the kernels only loop.  The same
+conversions as the GAE kernels' (:mod:`gaescan.backends.numba_cpu`): data not
+of the output dtype (float16, integer) is cast, and flags wider than one byte
+are compared to 0, each an O(R·T) temporary; scalar and per-row coefficients
+are ``(R,)`` columns or zero-stride views.
+
+Dispatch: calls with scalar or per-row γ and λ and no mask or packing take
+the fused kernels: C-contiguous batch-major rows the tiled one
+(``vtrace_fused``), time-major row views whose transposes are C-contiguous
+the one that sweeps the batch at each step (``vtrace_timemajor``).  Every
+other call (masks, packing, per-step γ or λ, other strides) takes the
+general kernel (``vtrace_rows``), which reads any strides.  Below
+``SERIAL_MAX_STEPS`` steps a call runs on the calling thread: waking the
+thread pool costs more than the work.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._vtrace import VTraceProblem
+from ..kernels import cpu_vtrace as k
+from .numba_cpu import (
+    SERIAL_MAX_STEPS,
+    _bound,
+    _coeff,
+    _column,
+    _data,
+    _flag,
+    _flag8,
+    _offsets,
+    _sweep_time_major,
+)
+
+_NO_FLAGS = np.zeros((1, 1), dtype=np.uint8)
+_SERIAL: dict[Any, Any] = {}
+
+
+def _kernel(kernel: Any, n: int, dtype: np.dtype) -> Any:
+    if n > SERIAL_MAX_STEPS:
+        return kernel
+    key = (kernel.__name__, dtype)
+    build = _SERIAL.get(key)
+    if build is None:
+        build = _SERIAL[key] = kernel.compile(dtype, serial=True)
+    return build
+
+
+def _contiguous(*xs: Any) -> bool:
+    return all(x is None or x.flags.c_contiguous for x in xs)
+
+
+def vtrace(p: VTraceProblem) -> None:
+    rows = p.rows
+    n = rows.R * rows.T
+    r, values, lr = _data(p.rewards, rows), _data(p.values, rows), _data(p.log_rhos, rows)
+    nv = None if p.next_values is None else _data(p.next_values, rows)
+    if rows.cu_seqlens is None and p.mask is None:
+        arrays = (r, values, lr, nv, p.vs, p.advantages)
+        tm = _sweep_time_major(rows, r) and _contiguous(*(None if x is None else x.T for x in arrays))
+        if tm or _contiguous(*arrays):
+            gcol = _column(p.gamma, rows)
+        else:
+            gcol = None
+        lcol = None if gcol is None else _column(p.lam, rows)
+        if lcol is not None:
+            bound = _bound(p.last_value, rows)
+            if nv is not None:
+                d, has_term, tr = _flag(p.terminated, rows, False), p.terminated is not None, _flag(
+                    p.truncated, rows, False)
+            else:
+                d = _NO_FLAGS if p.terminated is None else _flag8(p.terminated)
+                has_term, tr = p.terminated is not None, _NO_FLAGS
+            nv = values if nv is None else nv
+            if tm:
+                _kernel(k.vtrace_timemajor, n, rows.dtype)(
+                    r.T, values.T, lr.T, nv.T, p.next_values is not None, d.T, has_term, tr.T, gcol, lcol, bound,
+                    p.rho_bar, p.c_bar, p.pg_rho_bar, p.vs.T, p.advantages.T)
+            else:
+                _kernel(k.vtrace_fused, n, rows.dtype)(
+                    r, values, lr, nv, p.next_values is not None, d, has_term, tr, gcol, lcol, bound,
+                    p.rho_bar, p.c_bar, p.pg_rho_bar, p.vs, p.advantages)
+            return
+    cu, packed = _offsets(rows)
+    _kernel(k.vtrace_rows, n, rows.dtype)(
+        r, values, lr, values if nv is None else nv,
+        _coeff(p.gamma, rows), _coeff(p.lam, rows),
+        _flag(p.terminated, rows, False), _flag(p.truncated, rows, False), _flag(p.mask, rows, True),
+        nv is not None, p.rho_bar, p.c_bar, p.pg_rho_bar, _bound(p.last_value, rows), cu, packed,
+        rows.dtype.type(0), p.vs, p.advantages)

@@ -1,0 +1,89 @@
+"""The ``"numpy"`` backend of :func:`gaescan.vtrace`: the chunk-parallel reverse scan.
+
+V-trace's trace ``D_t = δ_t + γ_t c_t D_{τ(t)}`` is the reverse linear
+recurrence of :mod:`gaescan.backends.numpy_chunk` with the per-step decay
+``γ_t c_t`` and input ``δ_t``, cut the same way as GAE's: a done or a packed
+segment's end sets the decay to 0 (a select), a masked position passes the
+carry through (decay 1, input 0).  Every other quantity is elementwise:
+
+1. ``V'`` (``next_values``, or the value at the next valid position, or the
+   boundary value: :meth:`numpy_chunk._Frame.next_valid`);
+2. the weights ``ρ``, ``c``, ``ρpg`` from one ``exp`` of ``log_rhos``;
+3. the scan of ``D``, then ``D_{τ(t)}`` as ``D`` shifted by one step (a masked
+   position's ``D`` is that of the next valid one), 0 at sequence ends;
+4. ``vs = V + D`` and the advantages, with the bootstrap and done cuts as
+   selects, and 0 at masked positions.
+
+Host problems run in blocks of rows small enough to stay in cache (as the
+GAE backend's).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._vtrace import VTraceProblem
+from .numpy_chunk import (
+    _chunk,
+    _coeff,
+    _cut,
+    _data,
+    _either,
+    _finish,
+    _flag,
+    _Frame,
+    _row_blocks,
+    _typed,
+    reverse_scan,
+)
+
+
+def vtrace(p: VTraceProblem) -> None:
+    for block in _row_blocks(p):
+        _vtrace(block)
+
+
+def _vtrace(p: VTraceProblem) -> None:
+    rows, xp, dt = p.rows, p.rows.xp, p.rows.dtype
+    zero = dt.type(0)
+    frame = _Frame(rows, p.last_value)
+    valid = _flag(p.mask)
+    term = _flag(p.terminated)
+    done = _either(xp, term, _flag(p.truncated))
+    r = _data(p.rewards, rows)
+    v = _data(p.values, rows)
+    g = _typed(_coeff(p.gamma, rows), dt)
+    lam = _typed(_coeff(p.lam, rows), dt)
+    with np.errstate(invalid="ignore", over="ignore"):
+        vnext = _data(p.next_values, rows) if p.next_values is not None else frame.next_valid(v, valid)
+        e = xp.exp(_data(p.log_rhos, rows))
+        # np.minimum keeps a NaN ratio (a NaN log-ratio reaches its own outputs).
+        rho = xp.minimum(dt.type(p.rho_bar), e)
+        c = lam * xp.minimum(dt.type(p.c_bar), e)
+        rpg = xp.minimum(dt.type(p.pg_rho_bar), e)
+        boot = g * vnext
+        if term is not None:
+            boot = xp.where(term, zero, boot)
+        td = boot + r - v
+        delta = rho * td
+        if valid is not None:
+            delta = xp.where(valid, delta, zero)
+        # A NaN ratio makes δ_t, hence D_t, NaN whatever the decay; a NaN decay
+        # would also spread through the scan's decay products (0·NaN) across
+        # a cut, so it is replaced by 0.
+        decay = g * c
+        decay = xp.where(decay != decay, zero, decay)
+        decay = _cut(xp, rows, decay, done, valid, frame)
+        D = reverse_scan(xp, decay, delta, xp.zeros(rows.R, dtype=dt), _chunk())
+        d_next = xp.concatenate([D[:, 1:], xp.zeros((rows.R, 1), dtype=dt)], axis=1)
+        if frame.last is not None:
+            d_next = xp.where(frame.last, zero, d_next)
+        vsp = vnext + d_next
+        if done is not None:
+            vsp = xp.where(done, vnext, vsp)
+        boot = g * vsp
+        if term is not None:
+            boot = xp.where(term, zero, boot)
+        _finish(xp, rpg * (boot + r - v), valid, p.advantages)
+        _finish(xp, D, valid, p.vs, plus=v)
+

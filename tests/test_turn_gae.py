@@ -1,0 +1,395 @@
+"""gaescan.turn_gae against the float64 reference gaescan.testing.turn_gae, on the CPU
+backends: turn lengths, masked tool-observation spans, rows without valid tokens,
+coefficient and boundary forms, axes, dtypes, id dtypes, NaN isolation, out=, torch
+tensors and errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import assert_close, assert_unchanged, assert_zero_where, random_data, snapshot
+
+import gaescan
+import gaescan.testing as gt
+
+BACKENDS = ["numba", "numpy"]
+TG_LENGTHS = [1, 2, 31, 32, 33, 127, 128, 129, 1000]
+
+
+def conversation(rng, B, T, *, turns=None, spans=3, garbage=True):
+    """``(turn_ids, mask)`` of ``B`` conversations of ``T`` tokens.
+
+    Each row is cut into ``turns`` runs (random, 1..12, when ``None``) with
+    increasing ids that skip values; up to ``spans`` random masked spans (tool
+    observations, prompts) fall inside and between turns.  Masked tokens get
+    arbitrary ids (``garbage``), which are never read.
+    """
+    ids = np.empty((B, T), dtype=np.int64)
+    mask = np.ones((B, T), dtype=bool)
+    for b in range(B):
+        k = turns if turns is not None else int(rng.integers(1, min(T, 12) + 1))
+        k = min(k, T)
+        cuts = np.sort(rng.choice(np.arange(1, T), size=k - 1, replace=False)) if k > 1 else []
+        seg = np.zeros(T, dtype=np.int64)
+        seg[cuts] = 1
+        seg = np.cumsum(seg)
+        gaps = rng.integers(1, 4, size=k)
+        ids[b] = (np.cumsum(gaps) + int(rng.integers(0, 3)))[seg]
+        for _ in range(int(rng.integers(0, spans + 1))):
+            s = int(rng.integers(0, T))
+            mask[b, s:s + int(rng.integers(1, max(2, T // 4)))] = False
+    if garbage:
+        ids[~mask] = rng.integers(-5, 100, size=int((~mask).sum()))
+    return ids, mask
+
+
+def check(backend, dtype=None, **kw):
+    """Run turn_gae on ``backend`` and compare both outputs with the reference."""
+    snap = snapshot(kw)
+    res = gaescan.turn_gae(**kw, backend=backend)
+    assert isinstance(res, gaescan.GAEResult)
+    ref = gt.turn_gae(**kw)
+    if dtype is None:
+        dtype = gt.result_dtype(kw["rewards"], kw["values"], kw.get("last_value"), kw["gamma"], kw["lam"])
+    assert_close(res.advantages, ref.advantages, dtype)
+    assert_close(res.returns, ref.returns, dtype)
+    assert_unchanged(kw, snap)
+    if kw.get("mask") is not None:
+        assert_zero_where(res.advantages, kw["mask"])
+        assert_zero_where(res.returns, kw["mask"])
+    return res
+
+
+def case(rng, B, T, dtype=np.float32, **conv):
+    ids, mask = conversation(rng, B, T, **conv)
+    return dict(rewards=random_data(rng, (B, T), dtype), values=random_data(rng, (B, T), dtype),
+                turn_ids=ids, mask=mask, gamma=0.99, lam=0.95,
+                last_value=random_data(rng, (B,), dtype))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hand_computed(backend):
+    # prompt (masked) | turn 0: two tokens | tool observation (masked) | turn 1: two tokens
+    r = np.array([9.0, 1.0, 2.0, 9.0, 0.0, 3.0])
+    v = np.array([9.0, 0.5, 9.0, 9.0, 1.0, 9.0])
+    ids = np.array([-1, 0, 0, -1, 1, 1])
+    mask = np.array([0, 1, 1, 0, 1, 1], dtype=bool)
+    adv, ret = gaescan.turn_gae(r, v, ids, gamma=0.5, lam=0.5, mask=mask, last_value=2.0, backend=backend)
+    # turn 1: R = 3, U = 1:   A = 3 + 0.5·2 − 1 = 3
+    # turn 0: R = 3, U = 0.5: A = 3 + 0.5·1 − 0.5 + 0.25·3 = 3.75
+    np.testing.assert_array_equal(adv, [0.0, 3.75, 3.75, 0.0, 3.0, 3.0])
+    np.testing.assert_array_equal(ret, [0.0, 4.25, 4.25, 0.0, 4.0, 4.0])
+    assert adv.dtype == np.float64
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("T", TG_LENGTHS)
+def test_lengths(backend, rng, T):
+    check(backend, **case(rng, 5, T))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("T", [1, 33, 129])
+def test_float64(backend, rng, T):
+    res = check(backend, **case(rng, 4, T, dtype=np.float64))
+    assert res.advantages.dtype == np.float64
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("T", [1, 7, 128, 129])
+def test_one_token_turns_are_token_gae(backend, rng, T):
+    # Every valid token its own turn: turn-level GAE is the masked token-level GAE.
+    kw = case(rng, 3, T)
+    kw["turn_ids"] = np.broadcast_to(np.arange(T), (3, T)).copy()
+    res = check(backend, **kw)
+    ref = gt.gae(kw["rewards"], kw["values"], gamma=0.99, lam=0.95, mask=kw["mask"],
+                 last_value=kw["last_value"])
+    assert_close(res.advantages, ref.advantages, np.float32)
+    assert_close(res.returns, ref.returns, np.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("T", [1, 2, 129, 1000])
+def test_one_turn_per_row(backend, rng, T):
+    kw = case(rng, 4, T, turns=1, spans=0)
+    res = check(backend, **kw)
+    r, v = kw["rewards"].astype(np.float64), kw["values"].astype(np.float64)
+    g = np.float64(np.float32(0.99))
+    want = r.sum(axis=1) + g * kw["last_value"].astype(np.float64) - v[:, 0]
+    assert_close(res.advantages, np.broadcast_to(want[:, None], r.shape), np.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rows_without_valid_tokens(backend, rng):
+    kw = case(rng, 4, 65)
+    kw["mask"][1] = False
+    kw["mask"][3] = False
+    res = check(backend, **kw)
+    assert np.all(res.advantages[[1, 3]] == 0) and np.all(res.returns[[1, 3]] == 0)
+    kw["mask"][:] = False
+    res = check(backend, **kw)
+    assert np.all(res.advantages == 0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_masked_spans_inside_and_between_turns(backend, rng):
+    T = 200
+    kw = case(rng, 6, T, turns=5, spans=8)
+    check(backend, **kw)
+    # A masked span inside a turn splits nothing: the turn's tokens on both sides share A_k.
+    ids = np.repeat([0, 1, 2, 3], 50)[None].repeat(2, axis=0)
+    mask = np.ones((2, T), dtype=bool)
+    mask[:, 10:20] = False    # inside turn 0
+    mask[:, 95:105] = False   # across the boundary of turns 1 and 2
+    mask[0, 150:200] = False  # all of turn 3 of row 0
+    kw.update(rewards=kw["rewards"][:2], values=kw["values"][:2], last_value=kw["last_value"][:2],
+              turn_ids=ids, mask=mask)
+    res = check(backend, **kw)
+    for b in range(2):
+        for k in range(4):
+            a = res.advantages[b][(ids[b] == k) & mask[b]]
+            assert a.size == 0 or np.all(a == a[0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_per_row_coefficients_and_boundaries(backend, rng):
+    B, T = 7, 129
+    kw = case(rng, B, T)
+    kw["gamma"] = rng.uniform(0.5, 1.0, (B, 1)).astype(np.float32)
+    kw["lam"] = rng.uniform(0.0, 1.0, (B, 1)).astype(np.float32)
+    check(backend, **kw)
+    kw["last_value"] = 0.7
+    check(backend, **kw)
+    del kw["last_value"]
+    kw["gamma"], kw["lam"] = 1.0, 0.0
+    check(backend, **kw)
+    kw["gamma"] = np.float32(0.9999999)
+    kw["lam"] = np.full((B,), 0.5)[:, None]  # float64 λ: a float64 result
+    check(backend, **kw)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_time_major(backend, rng):
+    B, T = 5, 129
+    kw = case(rng, B, T)
+    res = gaescan.turn_gae(**kw, backend=backend)
+    tm = {k: (x.T.copy() if isinstance(x, np.ndarray) and x.ndim == 2 else x) for k, x in kw.items()}
+    tm["gamma"] = np.full((1, B), 0.99)
+    tm["gamma"] = tm["gamma"].astype(np.float32)
+    out = check(backend, axis=0, **tm)
+    np.testing.assert_array_equal(out.advantages, res.advantages.T)
+    np.testing.assert_array_equal(out.returns, res.returns.T)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_axes(backend, rng):
+    kw = case(rng, 6, 40)
+    flat = gaescan.turn_gae(**kw, backend=backend)
+    nd = {k: (x.reshape((2, 3) + x.shape[1:]) if isinstance(x, np.ndarray) else x) for k, x in kw.items()}
+    res = check(backend, **nd)
+    np.testing.assert_array_equal(res.advantages.reshape(6, 40), flat.advantages)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_long_row_64_turns(backend, rng):
+    T = 32768
+    kw = case(rng, 2, T, turns=64, spans=20)
+    check(backend, **kw)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("id_dtype", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint32, np.uint64])
+def test_id_dtypes(backend, rng, id_dtype):
+    kw = case(rng, 3, 61, garbage=False)
+    want = gaescan.turn_gae(**kw, backend=backend)
+    kw["turn_ids"] = kw["turn_ids"].astype(id_dtype)
+    res = check(backend, **kw)
+    np.testing.assert_array_equal(res.advantages, want.advantages)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_input_dtypes_and_strides(backend, rng):
+    kw = case(rng, 4, 100)
+    kw["rewards"] = kw["rewards"].astype(np.float16)
+    kw["values"] = np.asfortranarray(kw["values"])
+    kw["mask"] = kw["mask"].astype(np.int32)
+    kw["turn_ids"] = kw["turn_ids"][:, ::-1].copy()[:, ::-1]  # negative strides
+    check(backend, **kw)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nan_isolation(backend, rng):
+    B, T = 4, 300
+    ids = np.repeat(np.arange(6), 50)[None].repeat(B, axis=0)
+    mask = np.ones((B, T), dtype=bool)
+    mask[:, 120:130] = False
+    kw = dict(rewards=random_data(rng, (B, T)), values=random_data(rng, (B, T)), turn_ids=ids, mask=mask,
+              gamma=0.99, lam=0.95, last_value=random_data(rng, (B,)))
+    clean = gaescan.turn_gae(**kw, backend=backend)
+    # NaN at masked tokens and at values other than a turn's first: never read.
+    r, v = kw["rewards"].copy(), kw["values"].copy()
+    r[:, 125] = v[:, 125] = np.nan
+    v[:, 51] = np.inf
+    res = gaescan.turn_gae(**{**kw, "rewards": r, "values": v}, backend=backend)
+    np.testing.assert_array_equal(res.advantages, clean.advantages)
+    np.testing.assert_array_equal(res.returns, clean.returns)
+    # A NaN reward in turn 3 of row 1: that turn and earlier turns of row 1 only.
+    r = kw["rewards"].copy()
+    r[1, 170] = np.nan
+    res = gaescan.turn_gae(**{**kw, "rewards": r}, backend=backend)
+    others = np.arange(B) != 1
+    np.testing.assert_array_equal(res.advantages[others], clean.advantages[others])
+    later = ids[1] >= 4
+    np.testing.assert_array_equal(res.advantages[1, later], clean.advantages[1, later])
+    np.testing.assert_array_equal(res.returns[1, later], clean.returns[1, later])
+    assert np.all(np.isnan(res.advantages[1, (ids[1] <= 3) & mask[1]]))
+    assert_zero_where(res.advantages, mask)
+    # An inf or NaN value at the first token of turn 4 of row 2: U_4 is read by
+    # turns 3 (as U_{k+1}) and 4; returns there are not finite either.
+    for bad_value in (np.inf, np.nan):
+        v = kw["values"].copy()
+        v[2, 200] = bad_value
+        res = gaescan.turn_gae(**{**kw, "values": v}, backend=backend)
+        not2 = np.arange(B) != 2
+        np.testing.assert_array_equal(res.advantages[not2], clean.advantages[not2])
+        later = ids[2] >= 5
+        np.testing.assert_array_equal(res.advantages[2, later], clean.advantages[2, later])
+        np.testing.assert_array_equal(res.returns[2, later], clean.returns[2, later])
+        hit = (ids[2] <= 4) & mask[2]
+        assert not np.any(np.isfinite(res.advantages[2, hit]))
+        assert not np.any(np.isfinite(res.returns[2, (ids[2] == 4) & mask[2]]))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_out(backend, rng):
+    kw = case(rng, 3, 50)
+    adv, ret = np.full((3, 50), 7.0, np.float32), np.full((3, 50), 7.0, np.float32)
+    res = gaescan.turn_gae(**kw, out=(adv, ret), backend=backend)
+    assert res.advantages is adv and res.returns is ret
+    ref = gt.turn_gae(**kw)
+    assert_close(adv, ref.advantages, np.float32)
+    assert_close(ret, ref.returns, np.float32)
+    with pytest.raises(ValueError, match="out"):
+        gaescan.turn_gae(**kw, out=(adv, np.empty((3, 50))), backend=backend)
+    with pytest.raises(ValueError, match="overlaps"):
+        gaescan.turn_gae(**{**kw, "rewards": adv}, out=(adv, ret), backend=backend)
+
+
+def test_auto_is_numba(rng):
+    kw = case(rng, 3, 40)
+    a = gaescan.turn_gae(**kw)
+    b = gaescan.turn_gae(**kw, backend="numba")
+    np.testing.assert_array_equal(a.advantages, b.advantages)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_torch_cpu(backend, rng):
+    torch = pytest.importorskip("torch")
+    kw = case(rng, 3, 40)
+    tkw = {k: (torch.from_numpy(x) if isinstance(x, np.ndarray) else x) for k, x in kw.items()}
+    res = gaescan.turn_gae(**tkw, backend=backend)
+    assert isinstance(res.advantages, torch.Tensor) and res.advantages.dtype == torch.float32
+    ref = gt.turn_gae(**kw)
+    assert_close(res.advantages.numpy(), ref.advantages, np.float32)
+    assert_close(res.returns.numpy(), ref.returns, np.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_zero_size(backend):
+    for shape in [(0, 5), (3, 0)]:
+        z = np.zeros(shape, np.float32)
+        adv, ret = gaescan.turn_gae(z, z, np.zeros(shape, np.int32), gamma=0.9, lam=0.9, backend=backend)
+        assert adv.shape == shape and ret.dtype == np.float32
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_errors(backend, rng):
+    kw = case(rng, 3, 20)
+    with pytest.raises(TypeError, match="turn_ids.*integer"):
+        gaescan.turn_gae(**{**kw, "turn_ids": kw["turn_ids"].astype(np.float32)}, backend=backend)
+    with pytest.raises(TypeError, match="turn_ids.*integer"):
+        gaescan.turn_gae(**{**kw, "turn_ids": kw["turn_ids"] > 0}, backend=backend)
+    with pytest.raises(TypeError, match="turn_ids"):
+        gaescan.turn_gae(**{**kw, "turn_ids": 3}, backend=backend)
+    # decreasing ids at valid tokens, in row 2
+    ids = np.broadcast_to(np.arange(20) // 5, (3, 20)).copy()
+    ok = {**kw, "turn_ids": ids, "mask": np.ones((3, 20), bool)}
+    gaescan.turn_gae(**ok, backend=backend)
+    bad = ids.copy()
+    bad[2, 12] = 0
+    with pytest.raises(ValueError, match=r"turn_ids.*non-decreasing.*row 2"):
+        gaescan.turn_gae(**{**ok, "turn_ids": bad}, backend=backend)
+    # the same id decrease at a masked token is not read
+    mask = np.ones((3, 20), bool)
+    mask[2, 12] = False
+    gaescan.turn_gae(**{**ok, "turn_ids": bad, "mask": mask}, backend=backend)
+    # a decrease across a masked span is still one
+    bad2 = ids.copy()
+    bad2[1, 15:] = 0
+    mask = np.ones((3, 20), bool)
+    mask[1, 10:15] = False
+    with pytest.raises(ValueError, match="row 1"):
+        gaescan.turn_gae(**{**ok, "turn_ids": bad2, "mask": mask}, backend=backend)
+    # an N-d batch names the batch index
+    nd = {k: (x.reshape(3, 1, 20) if isinstance(x, np.ndarray) and x.ndim == 2 else x) for k, x in ok.items()}
+    with pytest.raises(ValueError, match=r"row 2 \(batch index \(2, 0\)\)"):
+        gaescan.turn_gae(**{**nd, "turn_ids": bad.reshape(3, 1, 20), "last_value": None}, backend=backend)
+    with pytest.raises(ValueError, match=r"'values' has shape \(3, 19\).*'rewards' has shape \(3, 20\)"):
+        gaescan.turn_gae(**{**kw, "values": kw["values"][:, 1:]}, backend=backend)
+    with pytest.raises(ValueError, match=r"'turn_ids' has shape \(3, 21\).*\(3, 20\)"):
+        gaescan.turn_gae(**{**kw, "turn_ids": np.zeros((3, 21), np.int32)}, backend=backend)
+    with pytest.raises(ValueError, match="'mask' has shape"):
+        gaescan.turn_gae(**{**kw, "mask": kw["mask"][:2]}, backend=backend)
+    with pytest.raises(ValueError, match="gamma"):
+        gaescan.turn_gae(**{**kw, "gamma": 1.5}, backend=backend)
+    with pytest.raises(ValueError, match="lam"):
+        gaescan.turn_gae(**{**kw, "lam": -0.1}, backend=backend)
+    with pytest.raises(ValueError, match="gamma.*varies along the time axis"):
+        gaescan.turn_gae(**{**kw, "gamma": np.full((3, 20), 0.9)}, backend=backend)
+    with pytest.raises(ValueError, match="last_value"):
+        gaescan.turn_gae(**{**kw, "last_value": np.zeros(4)}, backend=backend)
+
+
+def test_cuda_backend_refused(rng):
+    kw = case(rng, 2, 10)
+    with pytest.raises(TypeError, match=r"CPU backends.*backend='numba'.*backend='numpy'"):
+        gaescan.turn_gae(**kw, backend="cuda")
+    with pytest.raises(ValueError, match="unknown backend"):
+        gaescan.turn_gae(**kw, backend="jax")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_negative_sparse_ids_and_lists(backend, rng):
+    # Ids need not start at 0 nor be consecutive; the next turn is the next one present.
+    kw = case(rng, 3, 45)
+    kw["turn_ids"] = (kw["turn_ids"] * 1000 - 50_000).astype(np.int64)
+    check(backend, **kw)
+    r = [0.0, 1.0, 0.0, 0.0, 2.0]
+    v = [0.5, 9.0, 1.0, 9.0, 9.0]
+    adv, ret = gaescan.turn_gae(r, v, [-7, -7, 40, 40, 40], gamma=1.0, lam=1.0, backend=backend)
+    np.testing.assert_array_equal(adv, [2.5, 2.5, 1.0, 1.0, 1.0])
+    assert adv.dtype == gaescan.gae(r, v, gamma=1.0, lam=1.0).advantages.dtype  # lists as gae takes them
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("masked", [False, True])
+def test_padded_rows(backend, rng, masked):
+    # Row views of wider buffers: tokens adjacent, rows not (the kernels' any-stride builds).
+    B, T = 4, 129
+    kw = case(rng, B, T)
+    if not masked:
+        kw["mask"] = None
+        kw["turn_ids"], _ = conversation(rng, B, T, spans=0)
+    wide = {}
+    for name in ("rewards", "values", "turn_ids", "mask"):
+        x = kw[name]
+        if x is None:
+            continue
+        buf = np.zeros((B, T + 5), dtype=x.dtype)
+        buf[:, :T] = x
+        wide[name] = buf[:, :T]
+    res = check(backend, **{**kw, **wide})
+    out = np.zeros((2, B, T + 3), np.float32)
+    got = gaescan.turn_gae(**{**kw, **wide}, out=(out[0, :, :T], out[1, :, :T]), backend=backend)
+    np.testing.assert_array_equal(got.advantages, res.advantages)
+    np.testing.assert_array_equal(out[:, :, T:], 0)

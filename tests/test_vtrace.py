@@ -1,0 +1,410 @@
+"""gaescan.vtrace against the float64 reference gaescan.testing.vtrace, on the CPU backends:
+lengths, flags, masks, packing, coefficient forms, axes, dtypes, clipping, NaN
+isolation, the on-policy identity with GAE, torch tensors, out= and errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import (
+    FLAG_MODES,
+    assert_close,
+    assert_unchanged,
+    assert_zero_where,
+    flag_kwargs,
+    random_cu_seqlens,
+    random_data,
+    random_flags,
+    snapshot,
+)
+
+import gaescan
+import gaescan.testing as gt
+
+VT_LENGTHS = [1, 2, 3, 5, 7, 13, 31, 32, 33, 61, 127, 128, 129, 257, 1000]
+
+
+def log_ratios(rng, shape, scale=0.7, dtype=np.float32):
+    return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+def check_vtrace(backend, dtype=None, **kw):
+    """Run vtrace on ``backend`` (a conftest ``Backend``) and compare both outputs with the reference."""
+    snap = snapshot(kw)
+    res = gaescan.vtrace(**kw, backend=backend.name)
+    assert isinstance(res, gaescan.VTraceResult)
+    ref = gt.vtrace(**kw)
+    if dtype is None:
+        dtype = gt.result_dtype(kw["rewards"], kw["values"], kw["log_rhos"], kw.get("next_values"),
+                                kw.get("last_value"), kw["gamma"], kw.get("lam", 1.0))
+    assert_close(res.vs, ref.vs, dtype)
+    assert_close(res.advantages, ref.advantages, dtype)
+    assert_unchanged(kw, snap)
+    if kw.get("mask") is not None:
+        assert_zero_where(res.vs, kw["mask"])
+        assert_zero_where(res.advantages, kw["mask"])
+    return res
+
+
+def _case(rng, shape, mode, dtype=np.float32):
+    r = random_data(rng, shape, dtype)
+    v = random_data(rng, shape, dtype)
+    kw = dict(rewards=r, values=v, log_rhos=log_ratios(rng, shape, dtype=dtype))
+    kw.update(flag_kwargs(mode, rng, shape, v))
+    if "next_values" not in kw:
+        kw["last_value"] = random_data(rng, shape[:-1], dtype)
+    return kw
+
+
+@pytest.mark.parametrize("mode", FLAG_MODES)
+def test_lengths_and_flags(backend, rng, mode):
+    for T in VT_LENGTHS:
+        check_vtrace(backend, **_case(rng, (3, T), mode), gamma=0.99, lam=0.95, c_bar=0.9)
+
+
+@pytest.mark.parametrize("mode", FLAG_MODES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_masks_and_dtypes(backend, rng, mode, dtype):
+    for T in (1, 2, 31, 33, 128, 129, 1000):
+        kw = _case(rng, (4, T), mode, dtype)
+        kw["mask"] = random_flags(rng, (4, T), 0.7)
+        check_vtrace(backend, **kw, gamma=0.97, lam=0.9, rho_bar=1.5, c_bar=1.0)
+
+
+@pytest.mark.parametrize("gamma_form", ["scalar", "row", "step"])
+@pytest.mark.parametrize("lam_form", ["scalar", "row", "step"])
+def test_gamma_lam_forms(backend, rng, gamma_form, lam_form):
+    shape = (5, 129)
+    forms = {
+        "scalar": lambda lo: float(rng.uniform(lo, 1.0)),
+        "row": lambda lo: rng.uniform(lo, 1.0, size=(5, 1)).astype(np.float32),
+        "step": lambda lo: rng.uniform(lo, 1.0, size=shape).astype(np.float32),
+    }
+    kw = _case(rng, shape, "dones")
+    check_vtrace(backend, **kw, gamma=forms[gamma_form](0.8), lam=forms[lam_form](0.5))
+
+
+@pytest.mark.parametrize("rho_bar", [0.5, 1.0, 2.0, np.inf])
+@pytest.mark.parametrize("c_bar", [0.3, 1.0, 4.0])
+@pytest.mark.parametrize("pg_rho_bar", [None, 0.5, 3.0])
+def test_clipping(backend, rng, rho_bar, c_bar, pg_rho_bar):
+    kw = _case(rng, (3, 200), "term+trunc")
+    kw["log_rhos"] = log_ratios(rng, (3, 200), scale=2.0)
+    check_vtrace(backend, **kw, gamma=0.99, lam=1.0, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar)
+
+
+def test_clipping_changes_results(rng):
+    """The thresholds are read: tighter clipping of large ratios changes vs and the advantages."""
+    kw = _case(rng, (2, 50), "dones")
+    kw["log_rhos"] = np.full((2, 50), 1.0, np.float32)
+    a = gaescan.vtrace(**kw, gamma=0.99, rho_bar=1.0, c_bar=1.0)
+    b = gaescan.vtrace(**kw, gamma=0.99, rho_bar=2.0, c_bar=2.0, pg_rho_bar=1.0)
+    assert not np.allclose(a.vs, b.vs)
+    c = gaescan.vtrace(**kw, gamma=0.99, rho_bar=1.0, c_bar=1.0, pg_rho_bar=2.0)
+    np.testing.assert_array_equal(a.vs, c.vs)
+    assert not np.allclose(a.advantages, c.advantages)
+
+
+@pytest.mark.parametrize("extra", ["plain", "mask", "next_values"])
+def test_cu_seqlens(backend, rng, extra):
+    for N, S in [(1, 1), (33, 3), (129, 7), (1000, 13), (0, 2)]:
+        cu = random_cu_seqlens(rng, N, S)
+        kw = dict(rewards=random_data(rng, (N,)), values=random_data(rng, (N,)), log_rhos=log_ratios(rng, (N,)),
+                  dones=random_flags(rng, (N,), 0.05), cu_seqlens=cu)
+        if extra == "next_values":
+            kw.pop("dones")
+            kw.update(terminated=random_flags(rng, (N,), 0.05), truncated=random_flags(rng, (N,), 0.05),
+                      next_values=random_data(rng, (N,)))
+        else:
+            kw["last_value"] = random_data(rng, (S,))
+        if extra == "mask":
+            kw["mask"] = random_flags(rng, (N,), 0.75)
+        check_vtrace(backend, **kw, gamma=0.98, lam=0.9)
+
+
+def test_cu_seqlens_equals_separate_rows(backend, rng):
+    cu = np.array([0, 5, 5, 40, 41, 100])
+    N = 100
+    r, v, lr = random_data(rng, (N,)), random_data(rng, (N,)), log_ratios(rng, (N,))
+    d, lv = random_flags(rng, (N,), 0.1), random_data(rng, (5,))
+    packed = gaescan.vtrace(r, v, lr, gamma=0.9, lam=0.8, dones=d, last_value=lv, cu_seqlens=cu,
+                            backend=backend.name)
+    for s in range(5):
+        lo, hi = cu[s], cu[s + 1]
+        one = gaescan.vtrace(r[lo:hi], v[lo:hi], lr[lo:hi], gamma=0.9, lam=0.8, dones=d[lo:hi],
+                             last_value=float(lv[s]), backend=backend.name)
+        np.testing.assert_allclose(packed.vs[lo:hi], one.vs, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(packed.advantages[lo:hi], one.advantages, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["dones", "term+trunc"])
+def test_time_major_and_3d(backend, rng, mode):
+    # time-major [T, B], axis=0
+    kw = _case(rng, (7, 129), mode)
+    kw = {k: (np.ascontiguousarray(x.T) if isinstance(x, np.ndarray) and x.ndim == 2 else x)
+          for k, x in kw.items()}
+    res = check_vtrace(backend, **kw, gamma=0.99, lam=0.9, axis=0)
+    # the same as the batch-major call on the transposes
+    bm = {k: (x.T if isinstance(x, np.ndarray) and x.ndim == 2 else x) for k, x in kw.items()}
+    want = gaescan.vtrace(**bm, gamma=0.99, lam=0.9, backend=backend.name)
+    np.testing.assert_allclose(res.vs, want.vs.T, rtol=1e-6, atol=1e-6)
+    # 3-D, time in the middle, non-contiguous
+    shape = (3, 65, 4)
+    kw3 = dict(rewards=random_data(rng, shape), values=random_data(rng, (3, 4, 65)).transpose(0, 2, 1),
+               log_rhos=log_ratios(rng, shape), dones=random_flags(rng, shape, 0.1),
+               last_value=random_data(rng, (3, 4)))
+    check_vtrace(backend, **kw3, gamma=0.95, lam=0.9, axis=1)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4])
+@pytest.mark.parametrize("extra", ["dones", "term+trunc", "mask", "per-step"])
+def test_long_rows(backend, rng, rows, extra):
+    """Rows long and many enough for the parallel (not the calling-thread) kernel builds,
+    odd row counts (a row without a partner), on the fused and the general kernels."""
+    shape = (rows, 3 * (1 << 14) + 5)
+    kw = _case(rng, shape, "dones" if extra in ("mask", "per-step") else extra)
+    gamma = 0.999
+    if extra == "mask":
+        kw["mask"] = random_flags(rng, shape, 0.8)
+    if extra == "per-step":
+        gamma = rng.uniform(0.99, 1.0, size=shape).astype(np.float32)
+    check_vtrace(backend, **kw, gamma=gamma, lam=0.97, c_bar=1.0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_decay_near_one(backend, rng, dtype):
+    """γ just below 1 with λ = 1 and constant rewards: a float32 state would drift."""
+    T = 1 << 16
+    r = np.ones((2, T), dtype)
+    v = random_data(rng, (2, T), dtype)
+    lr = np.zeros((2, T), dtype)
+    check_vtrace(backend, rewards=r, values=v, log_rhos=lr, gamma=float(np.float32(0.9999999)), lam=1.0,
+                 rho_bar=1.0, c_bar=1.0)
+
+
+@pytest.mark.parametrize("mode", ["none", "dones", "term+trunc", "trunc-only"])
+@pytest.mark.parametrize("B", [5, 300])
+def test_time_major_buffers(backend, rng, mode, B):
+    """[T, B] buffers (SB3/CleanRL layout) with per-column γ, across blocks of batch columns
+    and above the calling-thread size."""
+    T = 257
+    kw = _case(rng, (B, T), mode)
+    kw = {k: (np.ascontiguousarray(x.T) if isinstance(x, np.ndarray) and x.ndim == 2 else x)
+          for k, x in kw.items()}
+    gamma = rng.uniform(0.9, 1.0, size=(1, B)).astype(np.float32)
+    check_vtrace(backend, **kw, gamma=gamma, lam=0.9, rho_bar=1.2, c_bar=0.8, axis=0)
+
+
+# ------------------------------------------------------------------ on-policy identity
+
+
+@pytest.mark.parametrize("mode", FLAG_MODES + ["mask"])
+@pytest.mark.parametrize("bars", [(1.0, 1.0), (2.0, 1.0), (np.inf, 5.0)])
+def test_on_policy_vs_equals_gae_returns(backend, rng, mode, bars):
+    """The contract's identity: log_rhos = 0, rho_bar, c_bar >= 1 gives vs = gae(...).returns."""
+    rho_bar, c_bar = bars
+    for T in (1, 33, 129, 1000):
+        kw = _case(rng, (3, T), "dones" if mode == "mask" else mode)
+        kw["log_rhos"] = np.zeros((3, T), np.float32)
+        if mode == "mask":
+            kw["mask"] = random_flags(rng, (3, T), 0.7)
+        for lam in (0.0, 0.9, 1.0):
+            res = gaescan.vtrace(**kw, gamma=0.99, lam=lam, rho_bar=rho_bar, c_bar=c_bar, backend=backend.name)
+            g = {k: x for k, x in kw.items() if k != "log_rhos"}
+            want = gaescan.gae(**g, gamma=0.99, lam=lam, backend=backend.name).returns
+            gt.assert_close(res.vs, want, dtype=np.float32)
+
+
+# ------------------------------------------------------------------ NaN and inf isolation
+
+
+@pytest.mark.parametrize("field", ["rewards", "values", "log_rhos"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("mode", ["dones", "term+trunc"])
+def test_nan_stays_in_its_episode(backend, rng, field, bad, mode):
+    T, end = 300, 137
+    kw = _case(rng, (2, T), "none")
+    kw.pop("last_value")
+    if mode == "dones":
+        d = np.zeros((2, T), bool)
+        d[:, end] = True
+        kw["dones"] = d
+    else:
+        tr = np.zeros((2, T), bool)
+        tr[0, end] = True
+        te = np.zeros((2, T), bool)
+        te[1, end] = True
+        kw.update(terminated=te, truncated=tr, next_values=random_data(rng, (2, T)))
+    kw[field][:, end + 1 + 50] = bad  # in the second episode
+    res = check_vtrace(backend, **kw, gamma=0.99, lam=0.95)
+    assert np.isfinite(res.vs[:, : end + 1]).all()
+    assert np.isfinite(res.advantages[:, : end + 1]).all()
+    if field != "log_rhos" or bad != np.inf:  # an infinite ratio is clipped to rho_bar
+        assert not np.isfinite(res.vs[:, end + 1: end + 52]).all()
+
+
+def test_masked_positions_are_never_read(backend, rng):
+    shape = (3, 200)
+    kw = _case(rng, shape, "dones")
+    m = random_flags(rng, shape, 0.7)
+    kw["mask"] = m
+    clean = gaescan.vtrace(**kw, gamma=0.99, lam=0.9, backend=backend.name)
+    dirty = {k: (x.copy() if isinstance(x, np.ndarray) else x) for k, x in kw.items()}
+    for f in ("rewards", "values", "log_rhos"):
+        dirty[f][~m] = np.nan
+    got = gaescan.vtrace(**dirty, gamma=0.99, lam=0.9, backend=backend.name)
+    np.testing.assert_array_equal(got.vs, clean.vs)
+    np.testing.assert_array_equal(got.advantages, clean.advantages)
+
+
+# ------------------------------------------------------------------ types, out=, edge cases
+
+
+def test_dtype_rules(backend, rng):
+    r = np.arange(10, dtype=np.int32).reshape(2, 5)
+    v = np.zeros((2, 5), np.float16)
+    lr = np.zeros((2, 5), bool)
+    res = check_vtrace(backend, rewards=r, values=v, log_rhos=lr, gamma=0.9, dtype=np.float32)
+    assert res.vs.dtype == np.float32
+    res = check_vtrace(backend, rewards=r.astype(np.float32), values=v.astype(np.float32),
+                       log_rhos=np.zeros((2, 5)), gamma=0.9)
+    assert res.vs.dtype == np.float64
+
+
+@pytest.mark.parametrize("shape", [(0,), (3, 0), (0, 5)])
+def test_zero_size(backend, shape):
+    z = np.zeros(shape, np.float32)
+    res = gaescan.vtrace(z, z, z, gamma=0.9, backend=backend.name)
+    assert res.vs.shape == shape and res.advantages.shape == shape and res.vs.dtype == np.float32
+
+
+def test_out(backend, rng):
+    kw = _case(rng, (3, 70), "dones")
+    out = (np.full((3, 70), np.nan, np.float32), np.full((3, 70), np.nan, np.float32))
+    res = gaescan.vtrace(**kw, gamma=0.99, lam=0.9, out=out, backend=backend.name)
+    assert res.vs is out[0] and res.advantages is out[1]
+    ref = gt.vtrace(**kw, gamma=0.99, lam=0.9)
+    assert_close(out[0], ref.vs, np.float32)
+    assert_close(out[1], ref.advantages, np.float32)
+    # non-contiguous out, time-major
+    big = np.full((70, 6), np.nan, np.float32), np.full((70, 6), np.nan, np.float32)
+    views = (big[0][:, ::2], big[1][:, ::2])
+    tm = {k: (np.ascontiguousarray(x.T) if isinstance(x, np.ndarray) and x.ndim == 2 else x)
+          for k, x in kw.items()}
+    gaescan.vtrace(**tm, gamma=0.99, lam=0.9, axis=0, out=views, backend=backend.name)
+    assert_close(views[0], ref.vs.T, np.float32)
+    assert np.isnan(big[0][:, 1::2]).all()
+
+
+def test_out_errors(rng):
+    kw = _case(rng, (2, 10), "dones")
+    with pytest.raises(ValueError, match="dtype"):
+        gaescan.vtrace(**kw, gamma=0.9, out=(np.empty((2, 10)), np.empty((2, 10))))
+    with pytest.raises(ValueError, match="overlaps the input 'log_rhos'"):
+        gaescan.vtrace(**kw, gamma=0.9, out=(kw["log_rhos"], np.empty((2, 10), np.float32)))
+    with pytest.raises(ValueError, match="sequence of 2"):
+        gaescan.vtrace(**kw, gamma=0.9, out=np.empty((2, 10), np.float32))
+
+
+def test_torch_cpu_tensors(rng):
+    torch = pytest.importorskip("torch")
+    kw = _case(rng, (3, 129), "term+trunc")
+    tkw = {k: (torch.from_numpy(x) if isinstance(x, np.ndarray) else x) for k, x in kw.items()}
+    for b in ("numba", "numpy"):
+        res = gaescan.vtrace(**tkw, gamma=0.99, lam=0.9, backend=b)
+        assert isinstance(res.vs, torch.Tensor) and res.vs.dtype == torch.float32
+        assert isinstance(res.advantages, torch.Tensor)
+        ref = gt.vtrace(**kw, gamma=0.99, lam=0.9)
+        assert_close(res.vs.numpy(), ref.vs, np.float32)
+        assert_close(res.advantages.numpy(), ref.advantages, np.float32)
+    out = (torch.empty(3, 129), torch.empty(3, 129))
+    res = gaescan.vtrace(**tkw, gamma=0.99, lam=0.9, out=out)
+    assert res.vs is out[0]
+    assert_close(out[1].numpy(), ref.advantages, np.float32)
+    with pytest.raises(TypeError, match="(?i)torch"):
+        gaescan.vtrace(tkw["rewards"], kw["values"], kw["log_rhos"], gamma=0.9)
+
+
+def test_deterministic(backend, rng):
+    kw = _case(rng, (4, 300), "dones")
+    a = gaescan.vtrace(**kw, gamma=0.99, lam=0.9, backend=backend.name)
+    b = gaescan.vtrace(**kw, gamma=0.99, lam=0.9, backend=backend.name)
+    np.testing.assert_array_equal(a.vs, b.vs)
+    np.testing.assert_array_equal(a.advantages, b.advantages)
+
+
+def test_auto_is_numba(rng):
+    kw = _case(rng, (2, 40), "dones")
+    a = gaescan.vtrace(**kw, gamma=0.99)
+    b = gaescan.vtrace(**kw, gamma=0.99, backend="numba")
+    np.testing.assert_array_equal(a.vs, b.vs)
+
+
+# ------------------------------------------------------------------ errors
+
+
+def _base(rng, shape=(2, 10)):
+    return dict(rewards=random_data(rng, shape), values=random_data(rng, shape), log_rhos=log_ratios(rng, shape))
+
+
+def test_shape_mismatch(rng):
+    kw = _base(rng)
+    kw["log_rhos"] = kw["log_rhos"][:, :9]
+    with pytest.raises(ValueError, match="'log_rhos' has shape"):
+        gaescan.vtrace(**kw, gamma=0.9)
+    kw = _base(rng)
+    with pytest.raises(ValueError, match="'dones' has shape"):
+        gaescan.vtrace(**kw, gamma=0.9, dones=np.zeros((2, 11), bool))
+    with pytest.raises(ValueError, match="last_value"):
+        gaescan.vtrace(**kw, gamma=0.9, last_value=np.zeros(3))
+
+
+@pytest.mark.parametrize("name", ["rho_bar", "c_bar", "pg_rho_bar"])
+@pytest.mark.parametrize("bad", [0.0, -1.0, np.nan])
+def test_thresholds_must_be_positive(rng, name, bad):
+    with pytest.raises(ValueError, match=name):
+        gaescan.vtrace(**_base(rng), gamma=0.9, **{name: bad})
+
+
+def test_threshold_must_be_scalar(rng):
+    with pytest.raises(TypeError, match="rho_bar"):
+        gaescan.vtrace(**_base(rng), gamma=0.9, rho_bar=np.ones((2, 10)))
+    with pytest.raises(TypeError, match="c_bar"):
+        gaescan.vtrace(**_base(rng), gamma=0.9, c_bar="1")
+
+
+@pytest.mark.parametrize("name", ["gamma", "lam"])
+def test_coefficients_in_unit_range(rng, name):
+    kw = dict(gamma=0.9, lam=0.9)
+    kw[name] = 1.5
+    with pytest.raises(ValueError, match=name):
+        gaescan.vtrace(**_base(rng), **kw)
+    kw[name] = np.full((2, 1), -0.1, np.float32)
+    with pytest.raises(ValueError, match=name):
+        gaescan.vtrace(**_base(rng), **kw)
+
+
+def test_episode_end_rules(rng):
+    kw = _base(rng)
+    f = np.zeros((2, 10), bool)
+    with pytest.raises(ValueError, match="truncated needs next_values"):
+        gaescan.vtrace(**kw, gamma=0.9, truncated=f)
+    with pytest.raises(ValueError, match="dones or terminated"):
+        gaescan.vtrace(**kw, gamma=0.9, dones=f, terminated=f)
+    with pytest.raises(ValueError, match="exclusive"):
+        gaescan.vtrace(**kw, gamma=0.9, next_values=kw["values"], last_value=0.0)
+
+
+def test_cpu_backends_only(rng):
+    with pytest.raises(TypeError, match="backend='numba'"):
+        gaescan.vtrace(**_base(rng), gamma=0.9, backend="cuda")
+    with pytest.raises(ValueError, match="unknown backend"):
+        gaescan.vtrace(**_base(rng), gamma=0.9, backend="jax")
+
+
+def test_cu_seqlens_errors(rng):
+    kw = _base(rng, (10,))
+    with pytest.raises(ValueError, match="cu_seqlens must end"):
+        gaescan.vtrace(**kw, gamma=0.9, cu_seqlens=np.array([0, 4, 9]))
+    with pytest.raises(TypeError, match="cu_seqlens"):
+        gaescan.vtrace(**kw, gamma=0.9, cu_seqlens=np.array([0.0, 10.0]))
