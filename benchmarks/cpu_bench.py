@@ -115,6 +115,12 @@ def main_cases(tab, B, T, rep, rng):
     t_np = _median(lambda: gaescan.gae(r, v, gamma=0.99, lam=0.95, backend="numpy"), max(1, rep // 2))
     tab.add("  gaescan backend='numpy' (plain)", t_np, 16, N, bw,
             f"{t_ser / t_np:.1f}x the serial loop (target >= 5x)")
+    t_ser_d = _median(lambda: serial_gae(np, r, v, 0.99, 0.95, d), max(1, rep // 3))
+    tab.add("  seed: serial loop over time (dones)", t_ser_d, None, None, None,
+            f"gae dones is {t_ser_d / t_dones:.1f}x faster")
+    t_np_d = _median(lambda: gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="numpy"), max(1, rep // 2))
+    tab.add("  gaescan backend='numpy' (dones)", t_np_d, 17, N, bw,
+            f"{t_ser_d / t_np_d:.1f}x the serial loop with dones")
     adv = ret = None
     r8, v8 = r.astype(np.float64), v.astype(np.float64)
     a8, o8 = np.empty_like(r8), np.empty_like(r8)
