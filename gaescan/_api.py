@@ -175,9 +175,10 @@ def gae(
     ctx, name, types = _start("gae", named, out, 2, backend)
     if ctx.exact:
         # NumPy arrays and Python scalars only: the arguments are their own
-        # compute views, and a host call has no stream to enter.
-        adv, ret = _dispatch.run_gae(np, name, named, axis, None if out is None else _computed_out(ctx, out, 2),
-                                     types)
+        # compute views (the host stream is a shared null context).
+        with ctx.stream():
+            adv, ret = _dispatch.run_gae(np, name, named, axis,
+                                         None if out is None else _computed_out(ctx, out, 2), types)
         return GAEResult(adv, ret) if out is None else GAEResult(*out)
     with ctx.call(named) as (xp, c):
         adv, ret = _dispatch.run_gae(xp, name, c, axis, _computed_out(ctx, out, 2))
@@ -261,7 +262,8 @@ def discounted_returns(
                  cu_seqlens=cu_seqlens, gamma=gamma)
     ctx, name, types = _start("returns", named, out, 1, backend)
     if ctx.exact:
-        res = _dispatch.run_returns(np, name, named, axis, out, types)
+        with ctx.stream():
+            res = _dispatch.run_returns(np, name, named, axis, out, types)
         return res if out is None else out
     with ctx.call(named) as (xp, c):
         res = _dispatch.run_returns(xp, name, c, axis, _computed_out(ctx, out, 1))
@@ -336,7 +338,8 @@ def linear_scan(
     named = dict(a=a, b=b, initial=initial)
     ctx, name, types = _start("scan", named, out, 1, backend)
     if ctx.exact:
-        res = _dispatch.run_scan(np, name, named, reverse, axis, out, types)
+        with ctx.stream():
+            res = _dispatch.run_scan(np, name, named, reverse, axis, out, types)
         return res if out is None else out
     with ctx.call(named) as (xp, c):
         res = _dispatch.run_scan(xp, name, c, reverse, axis, _computed_out(ctx, out, 1))
