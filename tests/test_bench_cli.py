@@ -279,6 +279,7 @@ def _tiny_kernels(monkeypatch):
     from gaescan.kernels import cpu
 
     monkeypatch.setattr(cpu, "_REGISTRY", [])
+    monkeypatch.setattr(cpu, "_SIBLINGS", ())
     sigs = [types.void(types.Array(ft, 1, "A", readonly=True), types.Array(ft, 1, "A"))
             for ft in (types.float32, types.float64)]
     return cpu.Kernel(_square, sigs)

@@ -66,6 +66,7 @@ across the batch on time-major buffers.
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Callable, Iterator
 from types import FunctionType
@@ -89,8 +90,13 @@ _f8 = np.float64
 # when threads make their first calls at the same time.
 _COMPILE_LOCK = threading.RLock()
 
-#: Every lazily compiled kernel, in definition order (see :func:`all_kernels`).
+#: Every lazily compiled kernel, in definition order (see :func:`all_kernels`):
+#: this module's and those of the sibling modules in ``_SIBLINGS``.
 _REGISTRY: list[Kernel] = []
+#: The other CPU kernel modules (statistics, V-trace, turn-level GAE).  Their
+#: kernels register here as well, so that :func:`compile_all` (``gaescan
+#: warmup``) builds them too; importing them compiles nothing.
+_SIBLINGS = ("cpu_stats", "cpu_vtrace", "cpu_turn")
 
 
 class Kernel:
@@ -267,7 +273,17 @@ def kernel(signatures: list[Any], **options: Any) -> Callable[[Callable[..., Any
 
 
 def all_kernels() -> list[Kernel]:
-    """Every lazily compiled kernel of this module."""
+    """Every lazily compiled CPU kernel: this module's and its siblings'.
+
+    A sibling module may make kernels on demand (one per argument layout, say);
+    its ``declare_all()``, when it has one, makes every one of them (which
+    compiles nothing) so that the list is complete.
+    """
+    for name in _SIBLINGS:
+        module = importlib.import_module(f"{__package__}.{name}")
+        declare = getattr(module, "declare_all", None)
+        if declare is not None:
+            declare()
     return list(_REGISTRY)
 
 
@@ -275,7 +291,7 @@ def builds() -> Iterator[tuple[Kernel, np.dtype, bool, bool]]:
     """Every ``(kernel, dtype, serial, narrow)`` build that :func:`compile_all`
     makes: both dtypes of every kernel, the serial build of each parallel one,
     and the float32-state builds (``narrow``) of float32."""
-    for k in _REGISTRY:
+    for k in all_kernels():
         for dt in _DTYPES:
             for narrow in (False, True) if k.narrow and dt == _F4 else (False,):
                 yield k, dt, False, narrow

@@ -36,7 +36,6 @@ import math
 import numpy as np
 from numba import njit, prange, types
 
-from . import cpu
 from .cpu import Kernel
 
 _FLOATS = (types.float32, types.float64)
@@ -295,39 +294,10 @@ def _normalize(x, mask, has_mask, mean, inv, shift, chunk, y):
                 y[i] = (_f8(x[i]) - mean) * inv + shift
 
 
-#: The kernels of this module (see :func:`compile_all`).
-_KERNELS: list[Kernel] = []
-
-
 def _kernel(func, signatures, **options) -> Kernel:
-    """A lazy :class:`~gaescan.kernels.cpu.Kernel` kept in this module's own list.
-
-    These kernels have no float32-state build (their sums are float64 by
-    design), so they stay out of the scan kernels' registry, whose builds
-    include one; :func:`compile_all` builds them.
-    """
-    k = Kernel(func, signatures, **options)
-    cpu._REGISTRY.remove(k)
-    _KERNELS.append(k)
-    return k
-
-
-def all_kernels() -> list[Kernel]:
-    """Every lazily compiled kernel of this module."""
-    return list(_KERNELS)
-
-
-def compile_all(progress=None) -> int:
-    """Compile (or load from the disk cache) both dtypes of every kernel, and
-    the serial build of each parallel one; ``progress(done, total, name)``
-    after each build.  Returns the number of builds."""
-    todo = [(k, dt, serial) for k in _KERNELS for dt in (np.float32, np.float64)
-            for serial in ((False, True) if k.parallel else (False,))]
-    for n, (k, dt, serial) in enumerate(todo, 1):
-        k.compile(dt, serial)
-        if progress is not None:
-            progress(n, len(todo), f"{k.__name__}[{np.dtype(dt)}{' serial' if serial else ''}]")
-    return len(todo)
+    """A lazy :class:`~gaescan.kernels.cpu.Kernel` without a float32-state
+    build: these kernels' sums are float64 by design."""
+    return Kernel(func, signatures, narrow=False, **options)
 
 
 group_norm_sorted = _kernel(_gn_sorted, _group_sigs_sorted(), parallel=True)

@@ -30,9 +30,9 @@ A valid token whose id is greater than that of the next valid token breaks
 the contract (ids are non-decreasing along time): the kernel sets ``bad[i]``
 for that row and goes on, and the caller raises.
 
-These kernels have no float32-state builds, so they stay out of
-:mod:`gaescan.kernels.cpu`'s registry (whose kernels all have one); those
-built so far are listed by :func:`all_kernels` here.
+These kernels have no float32-state builds.  Each variant is made on first
+use; :func:`declare_all` makes every one, so that ``gaescan warmup``
+(:func:`gaescan.kernels.cpu.compile_all`) builds them all.
 """
 
 from __future__ import annotations
@@ -46,21 +46,10 @@ from .cpu import _LINE, Kernel, _ahead, _prefetch_r, _prefetch_w
 _FLOATS = (types.float32, types.float64)
 _f8 = np.float64
 
-_KERNELS: list[Kernel] = []
-
 
 def _kernel(func, signatures, **options) -> Kernel:
-    """A lazy :class:`~gaescan.kernels.cpu.Kernel` kept in this module's own list
-    (see the module docstring)."""
-    k = Kernel(func, signatures, narrow=False, **options)
-    cpu._REGISTRY.remove(k)
-    _KERNELS.append(k)
-    return k
-
-
-def all_kernels() -> list[Kernel]:
-    """Every lazily compiled kernel of this module."""
-    return list(_KERNELS)
+    """A lazy :class:`~gaescan.kernels.cpu.Kernel` without a float32-state build."""
+    return Kernel(func, signatures, narrow=False, **options)
 
 
 # Tokens per block of the walk: a block inside a turn is checked and summed
@@ -274,6 +263,14 @@ def _build(ids: str, layout: str, masked: bool) -> Kernel:
         k = _BUILDS[key] = _kernel(cpu._renamed(_turn_gae_rows, suffix, namespace), _sigs(id_type, layout),
                                    parallel=True, fastmath=_FM)
         return k
+
+
+def declare_all() -> None:
+    """Make every variant (compiling nothing): see :func:`gaescan.kernels.cpu.all_kernels`."""
+    for ids in ("i4", "i8"):
+        for layout in ("C", "A"):
+            for masked in (False, True):
+                _build(ids, layout, masked)
 
 
 def turn_gae_rows(ids: np.dtype, contiguous: bool, masked: bool) -> Kernel:

@@ -26,9 +26,7 @@ near 1, see the contract's accuracy section); each output is rounded to the
 output dtype once, on store.  Every ``(1 − flag)`` of the contract is a
 select, so a NaN or inf beyond an episode end never reaches it.
 
-These kernels have no float32-state builds, so they stay out of
-:mod:`gaescan.kernels.cpu`'s registry (whose kernels all have one); they are
-listed by :func:`all_kernels` here.
+These kernels have no float32-state builds (``narrow=False``).
 """
 
 from __future__ import annotations
@@ -40,32 +38,16 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from . import cpu
 from .cpu import _CU, _LINE, Kernel, _ahead, _pair, _prefetch_r, _prefetch_w, _ro
 
 _FLOATS = (types.float32, types.float64)
 _f8 = np.float64
 _FM = {"contract"}
 
-_KERNELS: list[Kernel] = []
-
 
 def _kernel(signatures, **options):
-    """Decorator: a lazy :class:`~gaescan.kernels.cpu.Kernel` kept in this
-    module's own list (see the module docstring)."""
-
-    def make(func) -> Kernel:
-        k = Kernel(func, signatures, narrow=False, **options)
-        cpu._REGISTRY.remove(k)
-        _KERNELS.append(k)
-        return k
-
-    return make
-
-
-def all_kernels() -> list[Kernel]:
-    """Every lazily compiled kernel of this module."""
-    return list(_KERNELS)
+    """Decorator: a lazy :class:`~gaescan.kernels.cpu.Kernel` without a float32-state build."""
+    return lambda func: Kernel(func, signatures, narrow=False, **options)
 
 
 # exp(x) in float64 without a library call, so that the step loops stay free
