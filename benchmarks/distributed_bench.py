@@ -6,8 +6,9 @@ Three ways to get every rank its slice of GAE over ``[B, T]`` rows split along
 time, float32 with dones, timed in the same run (medians; per call, the slowest
 rank):
 
-* ``gaescan.distributed.gae``: two all-gathers of ``(2, B)`` summaries, a
-  summary pass and the final pass over the local slice;
+* ``gaescan.distributed.gae``: two all-gathers of ``(2, B)`` summaries, one
+  ``gae`` pass over the local slice and the carry added to the steps it
+  reaches;
 * all-gather the rows (rewards, values, dones) to every rank, compute the
   whole rows there with ``gaescan.gae`` and keep the local slice (what
   frameworks do today);
@@ -42,6 +43,7 @@ def _worker(rank, world, port, B, T, repeat, out_dir):
 
     import gaescan
     import gaescan.distributed as gd
+    import gaescan.testing
 
     numba.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -63,6 +65,9 @@ def _worker(rank, world, port, B, T, repeat, out_dir):
         adv, ret = gaescan.gae(parts[0], parts[1], gamma=0.99, lam=0.95, dones=parts[2])
         return adv[:, lo:hi], ret[:, lo:hi]
 
+    # both ways give this rank the same slice (checked before timing)
+    for x, y in zip(split(), gather_rows(), strict=True):
+        gaescan.testing.assert_close(x.numpy(), y.numpy(), dtype=np.float32)
     times = {}
     for name, f in (("split", split), ("gather", gather_rows)):
         f()

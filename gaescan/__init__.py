@@ -2,8 +2,8 @@
 
 Public API: :func:`gae`, :func:`discounted_returns`, :func:`linear_scan`, and
 the carry API for rows split into time slices (:func:`gae_summary`,
-:func:`returns_summary`, :func:`scan_summary`, :func:`bootstrap_summary`,
-:func:`carry_in`), and the outcome-advantage statistics (:func:`group_normalize`,
+:func:`returns_summary`, :func:`scan_summary`, :func:`vtrace_summary`,
+:func:`bootstrap_summary`, :func:`carry_in`), and the outcome-advantage statistics (:func:`group_normalize`,
 :func:`whiten`, :func:`moments`, :func:`combine_moments`).  Their semantics are
 fixed in the semantic contract (``docs/semantics.md``).
 """
@@ -16,6 +16,7 @@ from ._carry import (
     gae_summary,
     returns_summary,
     scan_summary,
+    vtrace_summary,
 )
 from ._stats import Moments, combine_moments, group_normalize, moments, whiten
 from ._turn_gae import turn_gae
@@ -30,6 +31,7 @@ __all__ = [
     "gae_summary",
     "returns_summary",
     "scan_summary",
+    "vtrace_summary",
     "bootstrap_summary",
     "carry_in",
     "group_normalize",

@@ -12,13 +12,14 @@ slice is summarised by two numbers per row,
 
 where ``t_0`` is the slice's first valid step (its last one for a forward
 :func:`~gaescan.linear_scan`) and ``a_t`` is the step's decay (``γ_t λ_t`` for
-GAE, ``γ_t`` for returns, ``a_t`` for ``linear_scan``; 0 at a done, 1 at a
-masked position).  The scan's value at ``t_0`` for any carry ``c`` is then
-``head + decay · c`` — a *select* when ``decay == 0``, so that a NaN or inf
-carry never crosses a done.  :func:`carry_in` chains these maps across the
-slices (right to left for the reverse scans) and hands every slice the carry
-it must pass to the ordinary scan (``last_value``, ``last_advantage`` or
-``initial``).  Only ``O(rows)`` numbers ever cross between slices.
+GAE, ``γ_t`` for returns, ``a_t`` for ``linear_scan``, ``γ_t c_t`` for the
+trace of V-trace; 0 at a done, 1 at a masked position).  The scan's value at
+``t_0`` for any carry ``c`` is then ``head + decay · c`` — a *select* when
+``decay == 0``, so that a NaN or inf carry never crosses a done.
+:func:`carry_in` chains these maps across the slices (right to left for the
+reverse scans) and hands every slice the carry it must pass to the ordinary scan (``last_value``, ``last_advantage``,
+``last_trace`` or ``initial``).  Only ``O(rows)`` numbers ever cross between
+slices.
 
 This module is the sequence-parallel ("context parallel") recipe of the
 documentation and the block-level carry pass of the Dask backend.
@@ -32,7 +33,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _dispatch
+from . import _dispatch, _vtrace
 from . import _validate as v
 from ._arrays import SCALAR, Context, library_of, resolve
 
@@ -41,6 +42,7 @@ __all__ = [
     "gae_summary",
     "returns_summary",
     "scan_summary",
+    "vtrace_summary",
     "bootstrap_summary",
     "carry_in",
 ]
@@ -73,6 +75,35 @@ def _is_array(x: Any) -> bool:
     return x is not None and not v._is_scalar(x)
 
 
+def _cut_rows(xp: Any, layout: v.Layout, cuts: Sequence[Any], mask: Any) -> Any:
+    """``(R, T)`` booleans: a cut (any of ``cuts`` nonzero) at a valid step; ``None`` without cuts."""
+    cut = None
+    for f in cuts:
+        if f is not None:
+            fr = layout.rows(xp, f) != 0
+            cut = fr if cut is None else cut | fr
+    if cut is not None and mask is not None:
+        cut = cut & (layout.rows(xp, mask) != 0)
+    return cut
+
+
+def _step_decays(xp: Any, layout: v.Layout, dtype: np.dtype, coeffs: Sequence[Any]) -> Any:
+    """``a_t = ∏ coeffs`` in ``dtype``: a scalar when every coefficient is one, else ``(R, T)``."""
+    if all(not _is_array(c) for c in coeffs):
+        a = dtype.type(1)
+        for c in coeffs:
+            a = a * dtype.type(c)
+        return a
+    a = None
+    for c in coeffs:
+        if _is_array(c):
+            term = layout.rows(xp, xp.broadcast_to(c, layout.shape)).astype(dtype)
+        else:
+            term = dtype.type(c)
+        a = term if a is None else a * term
+    return xp.broadcast_to(xp.asarray(a, dtype=dtype), (layout.R, layout.T))
+
+
 def _decay_product(
     xp: Any,
     layout: v.Layout,
@@ -80,46 +111,103 @@ def _decay_product(
     coeffs: Sequence[Any],
     cuts: Sequence[Any],
     mask: Any,
+    cut: Any = None,
 ) -> Any:
     """``∏_t a_t`` per row over valid steps, ``a_t = ∏ coeffs`` (0 at a cut or ``a_t == 0``).
 
-    The product runs in float64 and is rounded to ``dtype`` once.
+    ``cut``, when given, is :func:`_cut_rows` of ``cuts`` (computed once by a
+    caller that needs it too).  The product runs in float64 and is rounded to
+    ``dtype`` once.
     """
     R, T = layout.R, layout.T
     valid = None if mask is None else layout.rows(xp, mask) != 0
-    cut = None
-    for f in cuts:
-        if f is not None:
-            fr = layout.rows(xp, f) != 0
-            cut = fr if cut is None else cut | fr
-    if all(not _is_array(c) for c in coeffs):
+    if cut is None:
+        cut = _cut_rows(xp, layout, cuts, mask)
+    a = _step_decays(xp, layout, dtype, coeffs)
+    if np.ndim(a) == 0:
         # Scalar decays: a power of the count of valid steps, no full-size temporaries.
-        a = dtype.type(1)
-        for c in coeffs:
-            a = a * dtype.type(c)
         n = xp.full((R,), T, dtype=np.int64) if valid is None else xp.count_nonzero(valid, axis=1)
         prod = xp.power(xp.float64(a), n.astype(xp.float64))
         if a == 0:
             prod = xp.where(n > 0, 0.0, 1.0)
     else:
-        a = None
-        for c in coeffs:
-            if _is_array(c):
-                term = layout.rows(xp, xp.broadcast_to(c, layout.shape)).astype(dtype)
-            else:
-                term = dtype.type(c)
-            a = term if a is None else a * term
-        a = xp.broadcast_to(xp.asarray(a, dtype=dtype), (R, T))
         if valid is not None:
             a = xp.where(valid, a, dtype.type(1))
         # A zero decay is a select in the kernels: it must win over an inf/NaN elsewhere.
         zero = xp.any(a == 0, axis=1)
         prod = xp.where(zero, 0.0, xp.prod(a, axis=1, dtype=xp.float64))
     if cut is not None:
-        if valid is not None:
-            cut = cut & valid
         prod = xp.where(xp.any(cut, axis=1), 0.0, prod)
     return prod.astype(dtype).reshape(layout.batch_shape)
+
+
+# The float64 logarithm of the smallest subnormal: past -_LOG_TINY / -log|a| steps,
+# a power of a scalar decay |a| < 1 is exactly 0.
+_LOG_TINY = 744.5
+
+
+def add_carry(xp: Any, layout: v.Layout, outs: Sequence[Any], a: Any, cut: Any, mask: Any, carry: Any) -> None:
+    """Add a carry's contribution to a reverse scan computed with a zero carry, in place.
+
+    For ``y_t = a_t y_{τ(t)} + b_t`` the carry ``c`` past a row's end adds
+    ``P_t c`` at every valid step, ``P_t = ∏_{s ≥ t} a_s`` over the valid steps
+    from ``t`` to the end (masked steps pass it on), and nothing from the
+    row's last cut back.  Only the steps after each row's last cut (and, for a
+    scalar ``|a| < 1`` without a mask, before ``P`` underflows to 0) are read
+    and written.  A host-only helper: it reads the extent on the host.
+
+    Parameters
+    ----------
+    xp : module
+        NumPy.
+    layout : Layout
+        The rows' layout.
+    outs : sequence of arrays
+        ``(R, T)`` views of the results, written through.
+    a : scalar or (R, T) array
+        :func:`_step_decays`.
+    cut : (R, T) bool array or None
+        :func:`_cut_rows` (cuts at valid steps).
+    mask : array or None
+        The validity mask (of the input shape).
+    carry : (R,) array
+        The carry per row.
+    """
+    R, T = layout.R, layout.T
+    if R == 0 or T == 0:
+        return
+    carry = xp.asarray(carry, dtype=xp.float64).reshape(R)
+    if cut is None:
+        start = xp.zeros(R, dtype=np.int64)
+    else:
+        last = T - 1 - xp.argmax(cut[:, ::-1], axis=1)
+        start = xp.where(xp.any(cut, axis=1), last + 1, 0)
+    lo = int(start.min())
+    if np.ndim(a) == 0 and mask is None:
+        mag = abs(float(a))
+        if mag == 0.0:
+            return
+        if mag < 1.0:
+            lo = max(lo, T - int(_LOG_TINY / -np.log(mag)) - 2)
+    if lo >= T:
+        return
+    W = T - lo
+    aw = xp.broadcast_to(xp.asarray(a if np.ndim(a) == 0 else a[:, lo:], dtype=xp.float64), (R, W))
+    valid = None if mask is None else layout.rows(xp, mask)[:, lo:] != 0
+    if valid is not None:
+        aw = xp.where(valid, aw, 1.0)
+    reach = xp.arange(lo, T)[None, :] >= start[:, None]
+    aw = xp.where(reach, aw, 0.0)
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        P = xp.cumprod(aw[:, ::-1], axis=1)[:, ::-1]
+        # A zero P is a select: an inf or NaN carry never reaches past a cut.
+        ok = P != 0
+        if valid is not None:
+            ok &= valid
+        corr = P * carry[:, None]
+        for y in outs:
+            seg = y[:, lo:]
+            seg[...] = xp.where(ok, seg.astype(xp.float64) + corr, seg)
 
 
 def _head(xp: Any, layout: v.Layout, y: Any, mask: Any, last: bool = False) -> Any:
@@ -172,6 +260,27 @@ def returns_summary_of(xp: Any, name: str, c: dict[str, Any], axis: Any) -> Scan
     layout = v.layout_of(tuple(g.shape), axis)
     decay = _decay_product(xp, layout, g.dtype, [c["gamma"]], [c.get("dones")], c.get("mask"))
     return ScanSummary(decay, _head(xp, layout, g, c.get("mask")))
+
+
+def vtrace_summary_of(xp: Any, name: str, c: dict[str, Any], axis: Any, rho_bar: Any,
+                      c_bar: Any) -> ScanSummary:
+    """:func:`vtrace_summary` on resolved views, in ``xp``."""
+    vs, _ = _vtrace._run(xp, name, c, axis, None, rho_bar, c_bar, None)
+    layout = v.layout_of(tuple(vs.shape), axis)
+    dtype = vs.dtype
+    mask = c.get("mask")
+    # The trace weights c_t = λ_t min(c̄, e^{ℓ_t}): the exponential in float64, as in the kernels.
+    cb = _vtrace._threshold(c_bar, "c_bar", dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = xp.exp(xp.asarray(c["log_rhos"], dtype=xp.float64))
+        # xp.minimum keeps a NaN ratio, which makes the decay (and D) NaN.
+        cw = xp.minimum(xp.float64(cb), e)
+        decay = _decay_product(xp, layout, dtype, [c["gamma"], c["lam"], cw],
+                               [c.get("dones"), c.get("terminated"), c.get("truncated")], mask)
+        # D = vs − V, in float64, at each row's first valid step.
+        head = _head(xp, layout, vs, mask).astype(xp.float64) - _head(xp, layout, v.data_array(
+            xp, c["values"], "values").astype(xp.float64), mask)
+    return ScanSummary(decay, head.astype(dtype))
 
 
 def scan_summary_of(xp: Any, name: str, c: dict[str, Any], reverse: bool, axis: Any) -> ScanSummary:
@@ -317,6 +426,87 @@ def scan_summary(
         return _handed_back(ctx, scan_summary_of(xp, name, c, reverse, axis))
 
 
+def vtrace_summary(
+    rewards: Any,
+    values: Any,
+    log_rhos: Any,
+    *,
+    gamma: Any,
+    lam: Any = 1.0,
+    rho_bar: Any = 1.0,
+    c_bar: Any = 1.0,
+    next_values: Any = None,
+    last_value: Any = None,
+    dones: Any = None,
+    terminated: Any = None,
+    truncated: Any = None,
+    mask: Any = None,
+    axis: int = -1,
+    backend: str = "auto",
+) -> ScanSummary:
+    r"""Summary of one time slice for sequence-parallel :func:`~gaescan.vtrace`.
+
+    For each row of the slice, with ``t_0`` its first valid (unmasked) step
+    and ``c_t = λ_t min(c̄, e^{ℓ_t})`` the trace weights:
+
+    .. math::
+
+        \text{decay} = \prod_{t\ \text{valid}} \gamma_t c_t (1 - \text{done}_t),
+        \qquad
+        \text{head} = D_{t_0}\big|_{\text{last\_trace} = 0}
+
+    with ``D_t = v_{s,t} − V_t`` the trace, so that ``D_{t_0} = head + decay · D_next``
+    for the trace ``D_next`` at the first valid step after the slice (a
+    select when ``decay == 0``): :func:`carry_in` over the slices' summaries,
+    with the rows' ``last_trace`` as the boundary, gives each slice its
+    ``last_trace``.  Pass the slice's true bootstrap as ``last_value``, as for
+    :func:`gae_summary` (from :func:`bootstrap_summary` and :func:`carry_in`);
+    with ``next_values`` no bootstrap is needed.
+
+    Parameters
+    ----------
+    rewards, values, log_rhos, gamma, lam, rho_bar, c_bar, next_values, last_value, dones, terminated, truncated, mask, axis, backend
+        As for :func:`~gaescan.vtrace`, restricted to the slice (``cu_seqlens``
+        is not supported; ``pg_rho_bar`` does not enter ``D``).
+
+    Returns
+    -------
+    ScanSummary
+        ``(decay, head)``, arrays of the batch shape in the output dtype of
+        ``vtrace`` and the inputs' array library.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`~gaescan.vtrace`.
+
+    Notes
+    -----
+    Cost: one :func:`~gaescan.vtrace` call on the slice plus one product
+    reduction of the trace weights (one exponential per step).
+
+    Examples
+    --------
+    A row of four steps split into two slices of two, on-policy (``log_rhos = 0``);
+    with ``V = 0`` the first slice's bootstrap ``last_value`` is 0:
+
+    >>> import numpy as np, gaescan
+    >>> r, v, lr = np.ones((1, 4)), np.zeros((1, 4)), np.zeros((1, 4))
+    >>> late = gaescan.vtrace_summary(r[:, 2:], v[:, 2:], lr[:, 2:], gamma=0.5)
+    >>> late
+    ScanSummary(decay=array([0.25]), head=array([1.5]))
+    >>> lt = gaescan.carry_in([gaescan.vtrace_summary(r[:, :2], v[:, :2], lr[:, :2], gamma=0.5), late])
+    >>> np.concatenate([gaescan.vtrace(r[:, :2], v[:, :2], lr[:, :2], gamma=0.5, last_trace=lt[0]).vs,
+    ...                 gaescan.vtrace(r[:, 2:], v[:, 2:], lr[:, 2:], gamma=0.5, last_trace=lt[1]).vs], axis=1)
+    array([[1.875, 1.75 , 1.5  , 1.   ]])
+    """
+    named = dict(rewards=rewards, values=values, log_rhos=log_rhos, next_values=next_values,
+                 last_value=last_value, dones=dones, terminated=terminated, truncated=truncated, mask=mask,
+                 gamma=gamma, lam=lam)
+    with _prepared(named, backend) as (ctx, xp, c, name):
+        return _handed_back(ctx, vtrace_summary_of(xp, name, c, axis, rho_bar, c_bar))
+
+
 def bootstrap_summary(values: Any, *, mask: Any = None, axis: int = -1) -> ScanSummary:
     r"""Summary of one slice for the ``V'`` bootstrap of :func:`~gaescan.gae`.
 
@@ -401,6 +591,7 @@ def carry_in(summaries: Any, boundary: Any = None, *, reverse: bool = True) -> A
     ``c_0 = boundary``, ``c_i = h_{i-1} + d_{i-1} c_{i-1}`` (same select).
 
     Pass ``c_i`` to slice ``i``'s scan as ``last_advantage`` (GAE), as
+    ``last_trace`` (V-trace, with :func:`vtrace_summary`), as
     ``last_value`` (returns, and the GAE bootstrap with
     :func:`bootstrap_summary`), or as ``initial`` (``linear_scan``).
 
@@ -411,7 +602,7 @@ def carry_in(summaries: Any, boundary: Any = None, *, reverse: bool = True) -> A
         or a time-ordered sequence of ``k`` per-slice summaries.
     boundary : float or array, optional
         The value past the end of the rows (before their start, forward):
-        the rows' ``last_value``, ``last_advantage`` or ``initial``; a scalar
+        the rows' ``last_value``, ``last_advantage``, ``last_trace`` or ``initial``; a scalar
         or an array of the batch shape.  Default 0.
     reverse : bool, default True
         False for a forward ``linear_scan``.

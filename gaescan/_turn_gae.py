@@ -10,12 +10,15 @@ on ``(R, T)`` row views, and hands it to a backend module:
   pass per row, rows in parallel);
 * ``"numpy"``: :mod:`gaescan.backends.turn_gae_numpy` (segment sums per turn,
   the ``"numpy"`` GAE backend on the compact turns, and a gather back to the
-  tokens).
+  tokens; host arrays only, as the compaction reads the mask on the host);
+* ``"cuda"``: :mod:`gaescan.backends.turn_gae_cuda` (fixed-shape steps on the
+  device: turn starts, per-turn sums and the fill back to the tokens on the
+  CUDA scan kernel, the turn-level GAE on the CUDA GAE kernel).
 
-Both backends check that the ids are non-decreasing along time at valid
-tokens and report the first row where they are not through
-:func:`decreasing_ids`.  ``turn_gae`` runs on the CPU backends in this
-version: GPU arrays and ``backend="cuda"`` are refused with a ``TypeError``.
+Both host backends check that the ids are non-decreasing along time at
+valid tokens and report the first row where they are not through
+:func:`decreasing_ids`; the ``"cuda"`` backend does not check them (a check
+would read the device on the host).
 """
 
 from __future__ import annotations
@@ -36,10 +39,11 @@ __all__ = ["turn_gae"]
 _MODULES = {
     "numba": "gaescan.backends.turn_gae_numba",
     "numpy": "gaescan.backends.turn_gae_numpy",
+    "cuda": "gaescan.backends.turn_gae_cuda",
 }
 _KEYS = ("rewards", "values", "turn_ids", "mask", "last_value", "gamma", "lam")
-_CPU_ONLY = ("turn_gae runs on the CPU backends in this version: pass host arrays (NumPy arrays or "
-             "PyTorch CPU tensors) with backend='numba' (the default for host arrays) or backend='numpy'")
+_NUMPY_HOST = ("backend='numpy' of turn_gae compacts the valid tokens on the host and cannot run on GPU "
+               "arrays without synchronising; use backend='cuda' (the default for GPU arrays) or 'auto'")
 
 
 @dataclass(slots=True)
@@ -131,8 +135,9 @@ def turn_gae(
 
     In each row (one conversation along ``axis``), turn ``k`` is the set of
     valid (``mask``-true) tokens whose ``turn_ids`` equal ``k``; ids are
-    non-decreasing along time at valid tokens, so each turn is one run of
-    valid tokens.  Turns are taken in id order, and ``k + 1`` is the next
+    non-decreasing along time at valid tokens (checked on the host; not on
+    the GPU, where a turn starts wherever the id changes), so each turn is
+    one run of valid tokens.  Turns are taken in id order, and ``k + 1`` is the next
     turn present in the row (ids need not be consecutive):
 
     .. math::
@@ -177,9 +182,11 @@ def turn_gae(
     out : pair of arrays, optional
         Preallocated ``(advantages, returns)`` of the result's shape and
         dtype, overlapping no input.
-    backend : {"auto", "numba", "numpy"}
-        ``"auto"`` is ``"numba"``.  ``turn_gae`` runs on the CPU backends in
-        this version: GPU arrays and ``backend="cuda"`` raise ``TypeError``.
+    backend : {"auto", "numba", "numpy", "cuda"}
+        ``"auto"`` is ``"numba"`` for host arrays and ``"cuda"`` for GPU
+        arrays (CuPy, PyTorch CUDA tensors).  ``"numpy"`` takes host arrays
+        only.  On the GPU nothing is read back to the host and no stream is
+        synchronised; the ids' order is not checked there.
 
     Returns
     -------
@@ -192,12 +199,12 @@ def turn_gae(
     ------
     TypeError
         For arguments of the wrong type, naming them: ``turn_ids`` not an
-        integer array, mixed array libraries or devices, GPU arrays or
-        ``backend="cuda"``.
+        integer array, mixed array libraries or devices, ``backend="numba"``
+        or ``"numpy"`` with GPU arrays, ``backend="cuda"`` with host arrays.
     ValueError
         For arguments of the wrong shape or value, naming them: shapes that
-        differ, ids that decrease along time at valid tokens (naming the row),
-        γ or λ outside [0, 1] or varying along time, tensors that require
+        differ, ids that decrease along time at valid tokens (naming the
+        row; host arrays only), γ or λ outside [0, 1] or varying along time, tensors that require
         grad.  When ``out=`` is given and the ids are found to decrease, the
         contents of ``out`` are unspecified.
 
@@ -215,8 +222,6 @@ def turn_gae(
     """
     named = dict(rewards=rewards, values=values, turn_ids=turn_ids, mask=mask, last_value=last_value,
                  gamma=gamma, lam=lam)
-    if backend == "cuda":
-        raise TypeError(_CPU_ONLY)
     if out is None:
         ctx = resolve(named)
     else:
@@ -225,9 +230,9 @@ def turn_gae(
         for i, o in enumerate(outs):
             arrays[f"out[{i}]"] = o
         ctx = resolve(arrays)
-    if ctx.on_device:
-        raise TypeError(_CPU_ONLY)
     name = d.choose(backend, ctx)
+    if name == "numpy" and ctx.on_device:
+        raise TypeError(_NUMPY_HOST)
     with ctx.call(named) as (xp, c):
         comp_out = None
         if out is not None:

@@ -9,10 +9,11 @@ hands it to a backend module:
 * ``"numba"``: :mod:`gaescan.backends.vtrace_numba` (one fused backward pass
   per row, rows in parallel);
 * ``"numpy"``: :mod:`gaescan.backends.vtrace_numpy` (the chunk-parallel
-  reverse scan of the ``"numpy"`` GAE backend).
-
-V-trace runs on the CPU backends in this version: GPU arrays and
-``backend="cuda"`` are refused with a ``TypeError``.
+  reverse scan of the ``"numpy"`` GAE backend; array-API code, so it also
+  runs on CuPy arrays without synchronising);
+* ``"cuda"``: :mod:`gaescan.backends.vtrace_cuda` (the ``"numpy"``
+  algorithm's elementwise steps on the device, its scans on the CUDA scan
+  kernel).
 """
 
 from __future__ import annotations
@@ -33,11 +34,10 @@ __all__ = ["VTraceResult", "vtrace"]
 _MODULES = {
     "numba": "gaescan.backends.vtrace_numba",
     "numpy": "gaescan.backends.vtrace_numpy",
+    "cuda": "gaescan.backends.vtrace_cuda",
 }
-_KEYS = ("rewards", "values", "log_rhos", "next_values", "last_value", "dones", "terminated",
+_KEYS = ("rewards", "values", "log_rhos", "next_values", "last_value", "last_trace", "dones", "terminated",
          "truncated", "mask", "cu_seqlens", "gamma", "lam")
-_CPU_ONLY = ("vtrace runs on the CPU backends in this version: pass host arrays (NumPy arrays or "
-             "PyTorch CPU tensors) with backend='numba' (the default for host arrays) or backend='numpy'")
 
 
 class VTraceResult(NamedTuple):
@@ -57,9 +57,10 @@ class VTraceProblem:
     The conventions of :mod:`gaescan._problem` hold: ``(R, T)`` row views of
     the original dtypes, flags ``None`` when absent (``dones`` folded into
     ``terminated``), ``gamma``/``lam`` Python floats rounded to ``dtype`` or
-    ``(R, T)`` views, ``last_value`` a float or a length-``nseg`` array.  The
-    clipping thresholds are Python floats rounded to ``dtype`` (``inf`` for no
-    clipping).  ``D`` past a sequence's last valid step is 0.
+    ``(R, T)`` views, ``last_value`` and ``last_trace`` floats or length-``nseg``
+    arrays.  The clipping thresholds are Python floats rounded to ``dtype``
+    (``inf`` for no clipping).  ``D`` past a sequence's last valid step is
+    ``last_trace``.
     """
 
     rows: Rows
@@ -78,6 +79,7 @@ class VTraceProblem:
     last_value: Coeff
     vs: Any
     advantages: Any
+    last_trace: Coeff = 0.0
 
 
 def _load(name: str) -> Any:
@@ -110,7 +112,8 @@ def _plan(xp: Any, c: dict[str, Any], axis: Any) -> d.Plan:
         mask=v.data_array(xp, c.get("mask"), "mask"),
         **{term_name: v.data_array(xp, c.get(term_name), term_name),
            "truncated": v.data_array(xp, c.get("truncated"), "truncated")})
-    dtype = v.result_dtype(r, val, lr, c.get("next_values"), c.get("last_value"), c.get("gamma"), c.get("lam"))
+    dtype = v.result_dtype(r, val, lr, c.get("next_values"), c.get("last_value"), c.get("last_trace"),
+                           c.get("gamma"), c.get("lam"))
     plan = d._plan_rows(xp, dtype, tuple(r.shape), axis, c.get("cu_seqlens"))
     d._coefficient_structure(c, ("gamma", "lam"), plan)
     return plan
@@ -128,6 +131,7 @@ def vtrace(
     pg_rho_bar: Any = None,
     next_values: Any = None,
     last_value: Any = None,
+    last_trace: Any = None,
     dones: Any = None,
     terminated: Any = None,
     truncated: Any = None,
@@ -149,7 +153,7 @@ def vtrace(
         \rho^{pg}_t = \min(\bar\rho^{pg}, e^{\ell_t}) \\
         \delta_t &= \rho_t \left(r_t + \gamma_t (1 - \mathrm{term}_t) V'_t - V_t\right) \\
         D_t &= \delta_t + \gamma_t (1 - \mathrm{done}_t)\, c_t\, D_{\tau(t)},
-        \qquad D = 0 \text{ past the row's last valid step} \\
+        \qquad D = \text{last\_trace} \text{ past the row's last valid step} \\
         v_{s,t} &= V_t + D_t, \qquad v'_{s,t} = V'_t + (1 - \mathrm{done}_t)\, D_{\tau(t)} \\
         A_t &= \rho^{pg}_t \left(r_t + \gamma_t (1 - \mathrm{term}_t)\, v'_{s,t} - V_t\right)
 
@@ -184,6 +188,13 @@ def vtrace(
     last_value : float or array, optional
         Bootstrap value after the last step of each row: a scalar or an array
         of the batch shape; with ``cu_seqlens``, shape ``(S,)``.  Default 0.
+    last_trace : float or array, optional
+        The trace ``D`` after the last step of each row (0 by default, as at
+        the end of a trajectory), same forms as ``last_value``: it is
+        ``D_{τ(t)}`` of the row's last valid step, in ``D`` and in ``v'_s``,
+        unless a done cuts it.  For a row split along time, the later
+        slice's ``D`` at its first valid step (:func:`gaescan.vtrace_summary`
+        and :func:`gaescan.carry_in`; :func:`gaescan.distributed.vtrace`).
     dones : array, optional
         Episode ends, all treated as terminations.  Exclusive with
         ``terminated``/``truncated``.
@@ -202,22 +213,26 @@ def vtrace(
     out : pair of arrays, optional
         Preallocated ``(vs, advantages)`` of the result's shape and dtype,
         overlapping no input.
-    backend : {"auto", "numba", "numpy"}
-        ``"auto"`` is ``"numba"``.  V-trace runs on the CPU backends in this
-        version: GPU arrays and ``backend="cuda"`` raise ``TypeError``.
+    backend : {"auto", "numba", "numpy", "cuda"}
+        ``"auto"`` is ``"numba"`` for host arrays and ``"cuda"`` for GPU
+        arrays (CuPy, PyTorch CUDA tensors); ``"numpy"`` runs on either.  On
+        the GPU nothing is read back to the host and no stream is
+        synchronised.
 
     Returns
     -------
     VTraceResult
         ``(vs, advantages)``, float64 if any float input array is float64,
-        else float32, in the inputs' array library.  The recurrence is carried
-        in float64.
+        else float32, in the inputs' array library.  The CPU backends carry
+        the recurrence in float64; the ``"cuda"`` backend in the output dtype,
+        as its GAE kernel does.
 
     Raises
     ------
     TypeError
         For arguments of the wrong type, naming them: mixed array libraries or
-        devices, GPU arrays or ``backend="cuda"``, non-scalar clipping thresholds.
+        devices, ``backend="numba"`` with GPU arrays or ``backend="cuda"`` with
+        host arrays, non-scalar clipping thresholds.
     ValueError
         For arguments of the wrong shape or value, naming them: shapes that
         differ, γ or λ outside [0, 1], a clipping threshold that is not
@@ -235,10 +250,8 @@ def vtrace(
     array([ 0.5, -0.5,  0.5])
     """
     named = dict(rewards=rewards, values=values, log_rhos=log_rhos, next_values=next_values,
-                 last_value=last_value, dones=dones, terminated=terminated, truncated=truncated, mask=mask,
+                 last_value=last_value, last_trace=last_trace, dones=dones, terminated=terminated, truncated=truncated, mask=mask,
                  cu_seqlens=cu_seqlens, gamma=gamma, lam=lam)
-    if backend == "cuda":
-        raise TypeError(_CPU_ONLY)
     if out is None:
         ctx = resolve(named)
     else:
@@ -247,8 +260,6 @@ def vtrace(
         for i, o in enumerate(outs):
             arrays[f"out[{i}]"] = o
         ctx = resolve(arrays)
-    if ctx.on_device:
-        raise TypeError(_CPU_ONLY)
     name = d.choose(backend, ctx)
     with ctx.call(named) as (xp, c):
         comp_out = None
@@ -266,7 +277,7 @@ def _run(xp: Any, name: str, c: dict[str, Any], axis: Any, out: Any, rho_bar: An
          pg_rho_bar: Any) -> list[Any]:
     """V-trace on resolved arguments: ``[vs, advantages]`` in ``xp``."""
     vals = tuple(map(c.get, _KEYS))
-    r, val, lr, nv, lv, dones, term, trunc, mask, cu, g, lam = vals
+    r, val, lr, nv, lv, lt, dones, term, trunc, mask, cu, g, lam = vals
     plan = d._plan("vtrace", name, axis, vals, None, _plan, xp, c)
     rows = plan.rows if cu is None else d._rows(xp, plan, c, axis)
     gamma = d._coefficient(xp, g, "gamma", plan, True)
@@ -276,6 +287,7 @@ def _run(xp: Any, name: str, c: dict[str, Any], axis: Any, out: Any, rho_bar: An
     pb = rb if pg_rho_bar is None else _threshold(pg_rho_bar, "pg_rho_bar", plan.dtype)
     batch = plan.layout.batch_shape if cu is None else (rows.nseg,)
     lv = d._boundary(xp, lv, "last_value", plan, batch, rows.nseg)
+    lt = d._boundary(xp, lt, "last_trace", plan, batch, rows.nseg)
     arrays, views, scratch = d._outputs(xp, plan, out, 2, c)
     if rows.R and rows.T:
         if dones is not None:
@@ -285,7 +297,7 @@ def _run(xp: Any, name: str, c: dict[str, Any], axis: Any, out: Any, rho_bar: An
             r, val, lr = view(xp, r), view(xp, val), view(xp, lr)
             nv, term, trunc, mask = (None if x is None else view(xp, x) for x in (nv, term, trunc, mask))
         _load(name).vtrace(VTraceProblem(rows, r, val, lr, nv, term, trunc, mask, gamma, lam, rb, cb, pb, lv,
-                                         views[0], views[1]))
+                                         views[0], views[1], lt))
         if scratch:
             v.finish(xp, plan.layout, scratch)
     return arrays

@@ -13,6 +13,8 @@ each rank contributes one ``(2, *batch)`` tensor per round to an all-gather,
 * :func:`gae`: two rounds, the ``V'`` bootstrap (:func:`~gaescan.bootstrap_summary`)
   and the advantage (:func:`~gaescan.gae_summary`); one round with
   ``next_values``, which holds the bootstrap of every step;
+* :func:`vtrace`: as :func:`gae`, with the trace's summary
+  (:func:`~gaescan.vtrace_summary`) in the second round;
 * :func:`discounted_returns` and :func:`linear_scan`: one round;
 * :func:`moments` and :func:`whiten`: one all-gather of three numbers
   (``count, mean, m2``), merged on every rank by :func:`gaescan.combine_moments`;
@@ -21,7 +23,8 @@ so a rank sends at most ``4·B`` numbers per scan call and three per
 statistics call, whatever the slice length.
 The exchange runs on the tensors' device (gloo for CPU tensors, NCCL for
 CUDA tensors) and reads no value on the host.  Row-level arguments
-(``last_value``, ``last_advantage``, ``initial``, per-row γ and λ) are passed
+(``last_value``, ``last_advantage``, ``last_trace``, ``initial``, per-row γ
+and λ, the clipping thresholds) are passed
 identically on every rank; per-step arrays are each rank's own slice.  For
 the statistics, every rank's elements belong to one population (data ×
 context parallel), split in any way.
@@ -37,11 +40,12 @@ from typing import Any
 
 import numpy as np
 
-from . import _api, _carry, _stats
+from . import _api, _carry, _stats, _validate, _vtrace
+from ._arrays import resolve
 from ._carry import ScanSummary
 from ._stats import Moments
 
-__all__ = ["gae", "discounted_returns", "linear_scan", "moments", "whiten"]
+__all__ = ["gae", "vtrace", "discounted_returns", "linear_scan", "moments", "whiten"]
 
 
 def _dist() -> Any:
@@ -144,8 +148,12 @@ def gae(
 
     Notes
     -----
-    Two all-gathers of ``(2, *batch)`` tensors (one with ``next_values``), a
-    summary pass and the final pass over the local slice.
+    Two all-gathers of ``(2, *batch)`` tensors (one with ``next_values``).
+    On host arrays, one ``gae`` pass over the local slice with a zero carry,
+    whose result gives the summary; the carry is then added to the steps it
+    reaches, those after each row's last done (all of them in a row without
+    dones, up to where its weight underflows).  On device arrays, a summary
+    pass and the final pass, so that no value is read on the host.
     """
     _no_packing(cu_seqlens)
     dist = _dist()
@@ -154,15 +162,129 @@ def gae(
     if next_values is None:
         boot = _carry.carry_in(_gathered(dist, group, world, _carry.bootstrap_summary(values, mask=mask, axis=axis)),
                                boundary=last_value)[rank]
-        s = _carry.gae_summary(rewards, values, gamma=gamma, lam=lam, last_value=boot, axis=axis,
-                               backend=backend, **ends)
     else:
         boot = last_value  # exclusive with next_values: gae raises on both
-        s = _carry.gae_summary(rewards, values, gamma=gamma, lam=lam, next_values=next_values,
-                               last_value=last_value, axis=axis, backend=backend, **ends)
+    if not resolve(dict(rewards=rewards, values=values)).on_device:
+        return _gae_host(dist, group, world, rank, dict(
+            rewards=rewards, values=values, gamma=gamma, lam=lam, next_values=next_values, last_value=boot,
+            axis=axis, backend=backend, **ends), last_advantage, out)
+    s = _carry.gae_summary(rewards, values, gamma=gamma, lam=lam, next_values=next_values, last_value=boot,
+                           axis=axis, backend=backend, **ends)
     a_in = _carry.carry_in(_gathered(dist, group, world, s), boundary=last_advantage)[rank]
     return _api.gae(rewards, values, gamma=gamma, lam=lam, next_values=next_values, last_value=boot,
                     last_advantage=a_in, axis=axis, out=out, backend=backend, **ends)
+
+
+def vtrace(
+    rewards: Any,
+    values: Any,
+    log_rhos: Any,
+    *,
+    gamma: Any,
+    lam: Any = 1.0,
+    rho_bar: Any = 1.0,
+    c_bar: Any = 1.0,
+    pg_rho_bar: Any = None,
+    next_values: Any = None,
+    last_value: Any = None,
+    last_trace: Any = None,
+    dones: Any = None,
+    terminated: Any = None,
+    truncated: Any = None,
+    mask: Any = None,
+    cu_seqlens: Any = None,
+    axis: int = -1,
+    out: Any = None,
+    backend: str = "auto",
+    group: Any = None,
+) -> _vtrace.VTraceResult:
+    r""":func:`gaescan.vtrace` on rows split along time across the ranks of ``group``.
+
+    Rank ``r`` passes its time slice of every per-step array; the result is its
+    slice of ``gaescan.vtrace`` on the concatenated rows.  ``V'`` and the trace
+    ``D`` past each slice are carried in by the summaries of the later slices
+    (:func:`gaescan.bootstrap_summary`, :func:`gaescan.vtrace_summary` and
+    :func:`gaescan.carry_in`):
+
+    .. math::
+
+        \text{last\_value}_r = V \text{ at the first valid step after slice } r,
+        \qquad
+        \text{last\_trace}_r = D \text{ there}.
+
+    Parameters
+    ----------
+    rewards, values, log_rhos, gamma, lam, rho_bar, c_bar, pg_rho_bar, next_values, last_value, last_trace, dones, terminated, truncated, mask, axis, out, backend
+        As for :func:`gaescan.vtrace`, per-step arrays restricted to this
+        rank's slice (possibly empty); ``last_value`` and ``last_trace`` are
+        the rows' own, the same on every rank.
+    cu_seqlens : None
+        Not supported (a ``ValueError``): split packed sequences per segment.
+    group : torch.distributed.ProcessGroup, optional
+        The ranks holding the slices, in time order; default the world.
+
+    Returns
+    -------
+    VTraceResult
+        This rank's ``(vs, advantages)``.
+
+    Raises
+    ------
+    RuntimeError
+        When no process group is initialised.
+    ValueError, TypeError
+        As :func:`gaescan.vtrace`.
+
+    Notes
+    -----
+    Two all-gathers of ``(2, *batch)`` tensors (one with ``next_values``), a
+    summary pass (one ``vtrace`` call on the local slice) and the final pass.
+    """
+    _no_packing(cu_seqlens)
+    dist = _dist()
+    rank, world = _rank_world(dist, group)
+    kw = dict(gamma=gamma, lam=lam, rho_bar=rho_bar, c_bar=c_bar, next_values=next_values, dones=dones,
+              terminated=terminated, truncated=truncated, mask=mask, axis=axis, backend=backend)
+    if next_values is None:
+        boot = _carry.carry_in(_gathered(dist, group, world, _carry.bootstrap_summary(values, mask=mask, axis=axis)),
+                               boundary=last_value)[rank]
+    else:
+        boot = last_value  # exclusive with next_values: vtrace raises on both
+    s = _carry.vtrace_summary(rewards, values, log_rhos, last_value=boot, **kw)
+    d_in = _carry.carry_in(_gathered(dist, group, world, s), boundary=last_trace)[rank]
+    return _vtrace.vtrace(rewards, values, log_rhos, pg_rho_bar=pg_rho_bar, last_value=boot, last_trace=d_in,
+                          out=out, **kw)
+
+
+def _gae_host(dist: Any, group: Any, world: int, rank: int, kw: dict[str, Any], last_advantage: Any,
+              out: Any) -> _api.GAEResult:
+    """:func:`gae` on host arrays in one pass over the slice.
+
+    The local ``gae`` runs once with a zero carry; its summary is read off its
+    result; the exchanged carry is then added where it reaches (the steps
+    after each row's last done, :func:`gaescan._carry.add_carry`), instead of
+    a second ``gae`` pass.
+    """
+    res = _api.gae(**kw, out=out)
+    named = dict(advantages=res.advantages, returns=res.returns, gamma=kw["gamma"], lam=kw["lam"],
+                 dones=kw["dones"], terminated=kw["terminated"], truncated=kw["truncated"], mask=kw["mask"],
+                 last_advantage=last_advantage)
+    ctx = resolve(named)
+    with ctx.call(named) as (xp, c):
+        adv, mask = c["advantages"], c["mask"]
+        layout = _validate.layout_of(tuple(adv.shape), kw["axis"])
+        cut = _carry._cut_rows(xp, layout, [c["dones"], c["terminated"], c["truncated"]], mask)
+        decay = _carry._decay_product(xp, layout, adv.dtype, [c["gamma"], c["lam"]], [], mask, cut=cut)
+        s = ScanSummary(decay, _carry._head(xp, layout, adv, mask))
+        carry = _carry.carry_in(_gathered(dist, group, world, s), boundary=c["last_advantage"])[rank]
+        if xp.any(carry != 0):
+            rows = [layout.writable_rows(xp, y) for y in (adv, c["returns"])]
+            if any(r is None for r in rows):
+                # No (R, T) view writes through: the second pass, into the same arrays.
+                return _api.gae(**kw, last_advantage=ctx.from_compute(carry), out=res)
+            a = _carry._step_decays(xp, layout, np.dtype(np.float64), [c["gamma"], c["lam"]])
+            _carry.add_carry(xp, layout, rows, a, cut, mask, carry)
+    return res
 
 
 def discounted_returns(

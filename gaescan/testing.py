@@ -735,9 +735,9 @@ def _clip(bar: float, x: float) -> float:
     return x if x != x or x < bar else bar
 
 
-def _vtrace_row(r, v, lr, nv, term, done, g, lam, m, lo, hi, rb, cb, pb, v_next, vs, adv):
-    """The contract's ``vtrace`` backwards over positions ``[lo, hi)`` of 1-D sequences."""
-    d_next = 0.0
+def _vtrace_row(r, v, lr, nv, term, done, g, lam, m, lo, hi, rb, cb, pb, v_next, d_next, vs, adv):
+    """The contract's ``vtrace`` backwards over positions ``[lo, hi)`` of 1-D sequences
+    (``d_next`` is ``D`` past ``hi``, the ``last_trace``)."""
     for t in range(hi - 1, lo - 1, -1):
         if not m[t]:
             continue  # skipped: nothing at t is read, its outputs stay 0
@@ -755,14 +755,15 @@ def _vtrace_row(r, v, lr, nv, term, done, g, lam, m, lo, hi, rb, cb, pb, v_next,
 
 def vtrace(rewards: Any, values: Any, log_rhos: Any, *, gamma: Any, lam: Any = 1.0, rho_bar: Any = 1.0,
            c_bar: Any = 1.0, pg_rho_bar: Any = None, next_values: Any = None, last_value: Any = None,
-           dones: Any = None, terminated: Any = None, truncated: Any = None, mask: Any = None,
-           cu_seqlens: Any = None, axis: int = -1, out: Any = None, backend: Any = "auto") -> VTraceResult:
+           last_trace: Any = None, dones: Any = None, terminated: Any = None, truncated: Any = None,
+           mask: Any = None, cu_seqlens: Any = None, axis: int = -1, out: Any = None,
+           backend: Any = "auto") -> VTraceResult:
     r"""The float64 reference of :func:`gaescan.vtrace`: a plain loop over time per row or segment.
 
     With ``ρ_t = min(rho_bar, e^{ℓ_t})``, ``c_t = λ_t min(c_bar, e^{ℓ_t})``,
     ``ρpg_t = min(pg_rho_bar, e^{ℓ_t})`` (``pg_rho_bar`` defaulting to
     ``rho_bar``): ``δ_t = ρ_t (r_t + γ_t (1 − term_t) V'_t − V_t)``,
-    ``D_t = δ_t + γ_t (1 − done_t) c_t D_{τ(t)}`` (0 past the last valid step),
+    ``D_t = δ_t + γ_t (1 − done_t) c_t D_{τ(t)}`` (``last_trace`` past the last valid step),
     ``vs_t = V_t + D_t``, ``vs'_t = V'_t + (1 − done_t) D_{τ(t)}``,
     ``adv_t = ρpg_t (r_t + γ_t (1 − term_t) vs'_t − V_t)``.  Every ``(1 − flag)``
     is a select; a NaN in ``log_rhos`` stays NaN through the clipping.  The
@@ -770,7 +771,7 @@ def vtrace(rewards: Any, values: Any, log_rhos: Any, *, gamma: Any, lam: Any = 1
 
     Parameters
     ----------
-    rewards, values, log_rhos, gamma, lam, rho_bar, c_bar, pg_rho_bar, next_values, last_value, dones, terminated, truncated, mask, cu_seqlens, axis
+    rewards, values, log_rhos, gamma, lam, rho_bar, c_bar, pg_rho_bar, next_values, last_value, last_trace, dones, terminated, truncated, mask, cu_seqlens, axis
         As for :func:`gaescan.vtrace`, in any array library.
     out, backend
         Ignored (accepted so that a call's keyword arguments can be reused).
@@ -787,9 +788,9 @@ def vtrace(rewards: Any, values: Any, log_rhos: Any, *, gamma: Any, lam: Any = 1
     >>> gaescan.testing.vtrace(r, v, np.zeros(3), gamma=1.0, dones=np.array([0, 1, 0])).vs
     array([1., 0., 1.])
     """
-    dtype = result_dtype(rewards, values, log_rhos, next_values, last_value, gamma, lam)
-    rewards, values, log_rhos, next_values, last_value, gamma, lam = map(
-        _host, (rewards, values, log_rhos, next_values, last_value, gamma, lam))
+    dtype = result_dtype(rewards, values, log_rhos, next_values, last_value, last_trace, gamma, lam)
+    rewards, values, log_rhos, next_values, last_value, last_trace, gamma, lam = map(
+        _host, (rewards, values, log_rhos, next_values, last_value, last_trace, gamma, lam))
     dones, terminated, truncated, mask = map(_host, (dones, terminated, truncated, mask))
     rb = float(_rounded(rho_bar, dtype))
     cb = float(_rounded(c_bar, dtype))
@@ -810,19 +811,19 @@ def vtrace(rewards: Any, values: Any, log_rhos: Any, *, gamma: Any, lam: Any = 1
     m = rows.flag(mask, True)
     if cu_seqlens is not None:
         lo, hi = _segments(cu_seqlens)
-        cols = [(0, lo, hi, _per_segment(last_value, len(lo), dtype))]
+        cols = [(0, lo, hi, _per_segment(last_value, len(lo), dtype), _per_segment(last_trace, len(lo), dtype))]
     else:
-        lv = rows.boundary(last_value, dtype)
-        cols = [(j, [0], [rows.T], lv[j:j + 1]) for j in range(rows.R)]
+        lv, lt = rows.boundary(last_value, dtype), rows.boundary(last_trace, dtype)
+        cols = [(j, [0], [rows.T], lv[j:j + 1], lt[j:j + 1]) for j in range(rows.R)]
     vs = np.zeros(r.shape)
     adv = np.zeros(r.shape)
-    for j, los, his, lvs in cols:
+    for j, los, his, lvs, lts in cols:
         cr, cv, clr, ct, cd, cg, cl, cm = (x[:, j].tolist() for x in (r, v, lr, term, done, g, lm, m))
         cnv = None if nv is None else nv[:, j].tolist()
         vs_out, adv_out = [0.0] * rows.T, [0.0] * rows.T
         for s in range(len(los)):
             _vtrace_row(cr, cv, clr, cnv, ct, cd, cg, cl, cm, int(los[s]), int(his[s]), rb, cb, pb,
-                        float(lvs[s]), vs_out, adv_out)
+                        float(lvs[s]), float(lts[s]), vs_out, adv_out)
         vs[:, j], adv[:, j] = vs_out, adv_out
     return VTraceResult(rows.back(vs), rows.back(adv))
 

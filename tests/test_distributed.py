@@ -46,6 +46,8 @@ def _data() -> dict:
         x=(1e4 + rng.standard_normal((B, T))).astype(f32),  # |mean| >> std: E[x^2] - E[x]^2 would cancel
     )
     d["mask"][1, 290:1100] = False  # one row with no valid step in the 4-rank run's middle slices
+    d["lr"] = (0.7 * rng.standard_normal((B, T))).astype(f32)  # V-trace log-ratios
+    d["lt"] = rng.standard_normal(B).astype(f32)  # V-trace last_trace
     return d
 
 
@@ -74,10 +76,35 @@ CASES = {
         lambda d: gt.gae(d["r"].astype(np.float64), d["v"].astype(np.float64), gamma=0.999, lam=0.97,
                          mask=d["mask"]),
     ),
+    # time-major slices, per-step λ, no dones: every step of every row takes the carry
+    "gae_time_major_per_step_lam": (
+        lambda m, s: tuple(x.T for x in m.gae(s["r"].T, s["v"].T, gamma=0.999, lam=s["a"].T, axis=0,
+                                              last_advantage=s["la"])),
+        lambda d: gt.gae(d["r"], d["v"], gamma=0.999, lam=d["a"], last_advantage=d["la"]),
+    ),
+    # γλ = 0.25: the carry's weight underflows to 0 within a slice (only its tail takes it)
+    "gae_fast_decay_no_dones": (
+        lambda m, s: m.gae(s["r"], s["v"], gamma=0.5, lam=0.5, last_advantage=1e30 * s["la"]),
+        lambda d: gt.gae(d["r"], d["v"], gamma=0.5, lam=0.5, last_advantage=1e30 * d["la"]),
+    ),
     "gae_torch": (
         lambda m, s: tuple(x.numpy() for x in m.gae(torch.from_numpy(s["r"]), torch.from_numpy(s["v"]), gamma=0.99,
                                                     lam=0.95, dones=torch.from_numpy(s["dones"]))),
         lambda d: gt.gae(d["r"], d["v"], gamma=0.99, lam=0.95, dones=d["dones"]),
+    ),
+    "vtrace_dones_mask_boundaries": (
+        lambda m, s: m.vtrace(s["r"], s["v"], s["lr"], gamma=0.99, lam=0.95, c_bar=0.9, dones=s["dones"],
+                              mask=s["mask"], last_value=s["lv"], last_trace=s["lt"]),
+        lambda d: gt.vtrace(d["r"], d["v"], d["lr"], gamma=0.99, lam=0.95, c_bar=0.9, dones=d["dones"],
+                            mask=d["mask"], last_value=d["lv"], last_trace=d["lt"]),
+    ),
+    "vtrace_next_values_term_trunc_torch": (
+        lambda m, s: tuple(x.numpy() for x in m.vtrace(
+            *(torch.from_numpy(s[k]) for k in ("r", "v", "lr")), gamma=0.99, rho_bar=2.0, pg_rho_bar=0.8,
+            next_values=torch.from_numpy(s["nv"]), terminated=torch.from_numpy(s["term"]),
+            truncated=torch.from_numpy(s["trunc"]))),
+        lambda d: gt.vtrace(d["r"], d["v"], d["lr"], gamma=0.99, rho_bar=2.0, pg_rho_bar=0.8, next_values=d["nv"],
+                            terminated=d["term"], truncated=d["trunc"]),
     ),
     "returns_dones_mask": (
         lambda m, s: m.discounted_returns(s["r"], gamma=0.99, dones=s["dones"], mask=s["mask"], last_value=s["lv"]),
@@ -107,7 +134,7 @@ STAT_CASES = {
     "moments_torch": (lambda m, s: tuple(f.numpy() for f in m.moments(torch.from_numpy(s["x"]))),
                       lambda d: gt.moments(d["x"])),
 }
-ROW_KEYS = ("lv", "la", "g_row", "init")
+ROW_KEYS = ("lv", "la", "lt", "g_row", "init")
 
 
 def _worker(rank: int, world: int, port: int, data_path: str, out_dir: str) -> None:
@@ -193,13 +220,13 @@ def test_every_rank_gets_the_moments_of_all_ranks(run, case):
 
 @pytest.mark.parametrize("case", list(CASES | STAT_CASES))
 def test_exchange_is_o_rows_per_rank(run, case):
-    # GAE: two all-gathers of 2·B numbers (one with next_values); returns and scans: one;
+    # GAE and V-trace: two all-gathers of 2·B numbers (one with next_values); returns and scans: one;
     # statistics: one of three numbers, whatever the slice length.
     world, _, ranks = run
     if case.startswith(("whiten", "moments")):
         expected = [3]
     else:
-        expected = [2 * B] * (1 if "next_values" in case or not case.startswith("gae") else 2)
+        expected = [2 * B] * (1 if "next_values" in case or not case.startswith(("gae", "vtrace")) else 2)
     for r in range(world):
         assert ranks[r][case][1] == expected
 
@@ -210,6 +237,8 @@ def test_without_a_process_group_the_error_says_what_to_do():
     x = np.zeros((2, 3), np.float32)
     with pytest.raises(RuntimeError, match="init_process_group"):
         gd.gae(x, x, gamma=0.9, lam=0.9)
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        gd.vtrace(x, x, x, gamma=0.9)
 
 
 def test_packed_rows_are_refused_with_the_fix():
@@ -218,3 +247,5 @@ def test_packed_rows_are_refused_with_the_fix():
     x = np.zeros(6, np.float32)
     with pytest.raises(ValueError, match="per segment"):
         gd.gae(x, x, gamma=0.9, lam=0.9, cu_seqlens=np.array([0, 3, 6]))
+    with pytest.raises(ValueError, match="per segment"):
+        gd.vtrace(x, x, x, gamma=0.9, cu_seqlens=np.array([0, 3, 6]))

@@ -154,6 +154,13 @@ def _cases():
                         kern.GAE_V, mode, False, np.float32, np.float32, flag, None, M))
     out.append(("gae-lookback-float64<-float32-coeff_f32", kern.GAE_V, kern.MODE_LOOKBACK, False,
                 np.float64, np.float32, np.bool_, np.float32, 0))
+    # turn_gae on the device: a masked float64 GAE over the turns' first tokens, and
+    # float32 forward fills of float64 per-turn results.
+    for mname, mode in modes:
+        out.append((f"gae-{mname}-float64<-float64-mask", kern.GAE_V, mode, False,
+                    np.float64, np.float64, np.bool_, None, M))
+        out.append((f"scan_fwd-{mname}-float32<-float64", kern.SCAN, mode, True,
+                    np.float32, np.float64, np.bool_, None, 0))
     # The compile-time variants: rows with the next tile prefetched, the fence-free look-back.
     PF, FL = kern.OPT_PREFETCH, kern.OPT_FASTLB
     for kname, kind, fwd in kinds:

@@ -1,9 +1,11 @@
 """gaescan.turn_gae against the float64 reference gaescan.testing.turn_gae, on the CPU
 backends: turn lengths, masked tool-observation spans, rows without valid tokens,
 coefficient and boundary forms, axes, dtypes, id dtypes, NaN isolation, out=, torch
-tensors and errors."""
+tensors and errors; and CuPy arrays on the "cuda" backend where a GPU is present."""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -350,12 +352,50 @@ def test_errors(backend, rng):
         gaescan.turn_gae(**{**kw, "last_value": np.zeros(4)}, backend=backend)
 
 
-def test_cuda_backend_refused(rng):
+def test_backend_names(rng):
     kw = case(rng, 2, 10)
-    with pytest.raises(TypeError, match=r"CPU backends.*backend='numba'.*backend='numpy'"):
-        gaescan.turn_gae(**kw, backend="cuda")
+    if not _cudasim():  # the simulator runs backend="cuda" on host arrays
+        with pytest.raises(TypeError, match=r"backend='cuda' needs GPU arrays.*backend='numba'"):
+            gaescan.turn_gae(**kw, backend="cuda")
     with pytest.raises(ValueError, match="unknown backend"):
         gaescan.turn_gae(**kw, backend="jax")
+
+
+def _cudasim():
+    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+
+
+def _cupy():
+    cp = pytest.importorskip("cupy")
+    if not cp.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    return cp
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_gpu_arrays(rng, masked):
+    # CuPy arrays take the "cuda" backend (the default for GPU arrays) and come back as CuPy arrays.
+    cp = _cupy()
+    kw = case(rng, 5, 300)
+    if not masked:
+        kw["mask"] = None
+        kw["turn_ids"], _ = conversation(rng, 5, 300, spans=0)
+    dev = {k: cp.asarray(x) if isinstance(x, np.ndarray) else x for k, x in kw.items()}
+    ref = gt.turn_gae(**kw)
+    for backend in ("auto", "cuda"):
+        res = gaescan.turn_gae(**dev, backend=backend)
+        assert isinstance(res.advantages, cp.ndarray) and isinstance(res.returns, cp.ndarray)
+        assert_close(cp.asnumpy(res.advantages), ref.advantages, np.float32)
+        assert_close(cp.asnumpy(res.returns), ref.returns, np.float32)
+
+
+def test_gpu_arrays_host_backends_refused(rng):
+    cp = _cupy()
+    dev = {k: cp.asarray(x) if isinstance(x, np.ndarray) else x for k, x in case(rng, 2, 10).items()}
+    with pytest.raises(TypeError, match=r"backend='numpy'.*on the host.*backend='cuda'"):
+        gaescan.turn_gae(**dev, backend="numpy")
+    with pytest.raises(TypeError, match=r"backend='numba'.*backend='cuda'"):
+        gaescan.turn_gae(**dev, backend="numba")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

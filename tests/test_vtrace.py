@@ -4,6 +4,8 @@ isolation, the on-policy identity with GAE, torch tensors, out= and errors."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from conftest import (
@@ -36,7 +38,7 @@ def check_vtrace(backend, dtype=None, **kw):
     ref = gt.vtrace(**kw)
     if dtype is None:
         dtype = gt.result_dtype(kw["rewards"], kw["values"], kw["log_rhos"], kw.get("next_values"),
-                                kw.get("last_value"), kw["gamma"], kw.get("lam", 1.0))
+                                kw.get("last_value"), kw.get("last_trace"), kw["gamma"], kw.get("lam", 1.0))
     assert_close(res.vs, ref.vs, dtype)
     assert_close(res.advantages, ref.advantages, dtype)
     assert_unchanged(kw, snap)
@@ -193,6 +195,33 @@ def test_time_major_buffers(backend, rng, mode, B):
           for k, x in kw.items()}
     gamma = rng.uniform(0.9, 1.0, size=(1, B)).astype(np.float32)
     check_vtrace(backend, **kw, gamma=gamma, lam=0.9, rho_bar=1.2, c_bar=0.8, axis=0)
+
+
+@pytest.mark.parametrize("layout", ["rows", "time-major", "mask", "per-step", "packed"])
+@pytest.mark.parametrize("form", ["scalar", "array"])
+def test_last_trace(backend, rng, layout, form):
+    """``last_trace`` (D past each row's or segment's end) on every kernel path."""
+    B, T = 6, 300
+    kw = _case(rng, (B, T), "dones")
+    lt = -1.5 if form == "scalar" else random_data(rng, (B,), np.float32, scale=2.0)
+    gamma = 0.95
+    if layout == "time-major":
+        kw = {k: (np.ascontiguousarray(x.T) if isinstance(x, np.ndarray) and x.ndim == 2 else x)
+              for k, x in kw.items()}
+        check_vtrace(backend, **kw, gamma=gamma, lam=0.9, axis=0, last_trace=lt)
+        return
+    if layout == "mask":
+        kw["mask"] = random_flags(rng, (B, T), 0.8)
+        kw["mask"][:, -5:] = False
+    if layout == "per-step":
+        gamma = rng.uniform(0.9, 1.0, (B, T)).astype(np.float32)
+    if layout == "packed":
+        n = B * T
+        kw = {k: x.reshape(n) for k, x in kw.items() if k != "last_value"}
+        cu = random_cu_seqlens(rng, n, 9)
+        kw.update(cu_seqlens=cu, last_value=random_data(rng, (9,)))
+        lt = lt if form == "scalar" else random_data(rng, (9,), np.float32, scale=2.0)
+    check_vtrace(backend, **kw, gamma=gamma, lam=0.9, c_bar=1.3, last_trace=lt)
 
 
 # ------------------------------------------------------------------ on-policy identity
@@ -395,9 +424,10 @@ def test_episode_end_rules(rng):
         gaescan.vtrace(**kw, gamma=0.9, next_values=kw["values"], last_value=0.0)
 
 
-def test_cpu_backends_only(rng):
-    with pytest.raises(TypeError, match="backend='numba'"):
-        gaescan.vtrace(**_base(rng), gamma=0.9, backend="cuda")
+def test_backend_names(rng):
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") in ("", "0"):  # the simulator runs "cuda" on host arrays
+        with pytest.raises(TypeError, match=r"backend='cuda' needs GPU arrays.*backend='numba'"):
+            gaescan.vtrace(**_base(rng), gamma=0.9, backend="cuda")
     with pytest.raises(ValueError, match="unknown backend"):
         gaescan.vtrace(**_base(rng), gamma=0.9, backend="jax")
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -271,8 +271,12 @@ class _Frame:
         after[self._target] = b
         return after[None, : self.rows.T]
 
-    def next_valid(self, x: Any, valid: Any | None) -> Any:
-        """``x`` at the next valid position of the same sequence, else the boundary value."""
+    def next_valid(self, x: Any, valid: Any | None, scan: Callable[[Any, Any, Any, Any], Any] | None = None) -> Any:
+        """``x`` at the next valid position of the same sequence, else the boundary value.
+
+        ``scan(xp, a, b, init)``, when given, solves the fill's reverse
+        recurrence (another backend's kernel) in place of :func:`reverse_scan`.
+        """
         xp = self.rows.xp
         dt = self.rows.dtype
         if valid is None:
@@ -285,7 +289,7 @@ class _Frame:
         if self.last is not None:
             keep = xp.where(self.last, zero, keep)
             b = xp.where(self.last & ~valid, self.after, b)
-        z = reverse_scan(xp, keep, b, self.init, _chunk())
+        z = reverse_scan(xp, keep, b, self.init, _chunk()) if scan is None else scan(xp, keep, b, self.init)
         shifted = xp.concatenate([z[:, 1:], self.init[:, None]], axis=1)
         if self.last is not None:
             shifted = xp.where(self.last, self.after, shifted)

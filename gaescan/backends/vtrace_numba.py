@@ -69,7 +69,7 @@ def vtrace(p: VTraceProblem) -> None:
             gcol = None
         lcol = None if gcol is None else _column(p.lam, rows)
         if lcol is not None:
-            bound = _bound(p.last_value, rows)
+            bound, carry = _bound(p.last_value, rows), _bound(p.last_trace, rows)
             if nv is not None:
                 d, has_term, tr = _flag(p.terminated, rows, False), p.terminated is not None, _flag(
                     p.truncated, rows, False)
@@ -80,16 +80,17 @@ def vtrace(p: VTraceProblem) -> None:
             if tm:
                 _kernel(k.vtrace_timemajor, n, rows.dtype)(
                     r.T, values.T, lr.T, nv.T, p.next_values is not None, d.T, has_term, tr.T, gcol, lcol, bound,
-                    p.rho_bar, p.c_bar, p.pg_rho_bar, p.vs.T, p.advantages.T)
+                    carry, p.rho_bar, p.c_bar, p.pg_rho_bar, p.vs.T, p.advantages.T)
             else:
                 _kernel(k.vtrace_fused, n, rows.dtype)(
                     r, values, lr, nv, p.next_values is not None, d, has_term, tr, gcol, lcol, bound,
-                    p.rho_bar, p.c_bar, p.pg_rho_bar, p.vs, p.advantages)
+                    carry, p.rho_bar, p.c_bar, p.pg_rho_bar, p.vs, p.advantages)
             return
     cu, packed = _offsets(rows)
     _kernel(k.vtrace_rows, n, rows.dtype)(
         r, values, lr, values if nv is None else nv,
         _coeff(p.gamma, rows), _coeff(p.lam, rows),
         _flag(p.terminated, rows, False), _flag(p.truncated, rows, False), _flag(p.mask, rows, True),
-        nv is not None, p.rho_bar, p.c_bar, p.pg_rho_bar, _bound(p.last_value, rows), cu, packed,
+        nv is not None, p.rho_bar, p.c_bar, p.pg_rho_bar, _bound(p.last_value, rows),
+        _bound(p.last_trace, rows), cu, packed,
         rows.dtype.type(0), p.vs, p.advantages)

@@ -20,6 +20,9 @@ GAE backend's).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 from .._vtrace import VTraceProblem
@@ -40,10 +43,21 @@ from .numpy_chunk import (
 
 def vtrace(p: VTraceProblem) -> None:
     for block in _row_blocks(p):
-        _vtrace(block)
+        _vtrace(block, _reverse_scan)
 
 
-def _vtrace(p: VTraceProblem) -> None:
+def _reverse_scan(xp: Any, a: Any, b: Any, init: Any) -> Any:
+    """``y_t = a_t y_{t+1} + b_t`` (``y_T = init``) by :func:`numpy_chunk.reverse_scan`."""
+    return reverse_scan(xp, a, b, init, _chunk())
+
+
+def _vtrace(p: VTraceProblem, scan: Callable[[Any, Any, Any, Any], Any]) -> None:
+    """V-trace of one problem, every step elementwise in ``p.rows.xp`` but the trace's scan.
+
+    ``scan(xp, a, b, init)`` returns ``y_t = a_t y_{t+1} + b_t`` along axis 1 of
+    the ``(R, T)`` arrays ``a`` and ``b`` with ``y_T = init`` (``(R,)``), a zero
+    ``a_t`` being a select; the ``"cuda"`` backend passes its scan kernel.
+    """
     rows, xp, dt = p.rows, p.rows.xp, p.rows.dtype
     zero = dt.type(0)
     frame = _Frame(rows, p.last_value)
@@ -55,7 +69,7 @@ def _vtrace(p: VTraceProblem) -> None:
     g = _typed(_coeff(p.gamma, rows), dt)
     lam = _typed(_coeff(p.lam, rows), dt)
     with np.errstate(invalid="ignore", over="ignore"):
-        vnext = _data(p.next_values, rows) if p.next_values is not None else frame.next_valid(v, valid)
+        vnext = _data(p.next_values, rows) if p.next_values is not None else frame.next_valid(v, valid, scan)
         e = xp.exp(_data(p.log_rhos, rows))
         # np.minimum keeps a NaN ratio (a NaN log-ratio reaches its own outputs).
         rho = xp.minimum(dt.type(p.rho_bar), e)
@@ -73,11 +87,21 @@ def _vtrace(p: VTraceProblem) -> None:
         # a cut, so it is replaced by 0.
         decay = g * c
         decay = xp.where(decay != decay, zero, decay)
+        # D past each sequence's end (last_trace): a row's scan starts from it; a packed
+        # segment folds it into δ at its last position, where the cut decay restarts the
+        # scan (a select on a done; a masked last position hands it on unchanged).
+        trace = _Frame(rows, p.last_trace)
+        if trace.last is not None:
+            fold = decay * trace.after
+            if done is not None:
+                fold = xp.where(done, zero, fold)
+            folded = xp.where(trace.last, delta + fold, delta)
+            delta = folded if valid is None else xp.where(trace.last & ~valid, trace.after, folded)
         decay = _cut(xp, rows, decay, done, valid, frame)
-        D = reverse_scan(xp, decay, delta, xp.zeros(rows.R, dtype=dt), _chunk())
-        d_next = xp.concatenate([D[:, 1:], xp.zeros((rows.R, 1), dtype=dt)], axis=1)
+        D = scan(xp, decay, delta, trace.init)
+        d_next = xp.concatenate([D[:, 1:], trace.init[:, None]], axis=1)
         if frame.last is not None:
-            d_next = xp.where(frame.last, zero, d_next)
+            d_next = xp.where(frame.last, trace.after, d_next)
         vsp = vnext + d_next
         if done is not None:
             vsp = xp.where(done, vnext, vsp)

@@ -3,15 +3,16 @@
 Run ``python -m gaescan.bench.gpu_check`` on a machine with a CUDA GPU, CuPy,
 numba-cuda (and optionally PyTorch).  It
 
-1. checks ``gaescan.gae``, ``discounted_returns`` and ``linear_scan`` with
-   ``backend="cuda"`` against :mod:`gaescan.testing`'s float64 loops (compiled
+1. checks ``gaescan.gae``, ``discounted_returns``, ``linear_scan``,
+   ``vtrace`` and ``turn_gae`` with ``backend="cuda"`` against :mod:`gaescan.testing`'s float64 loops (compiled
    here with Numba's ``njit``), a table of cases run by one loop
    (:func:`correctness_cases`), over the three shape regimes, dtypes,
    flags, masks, ``cu_seqlens``, layouts, CuPy and PyTorch inputs, ``out=``,
    bit-identical repeats, non-default streams and the absence of host syncs;
 2. times gaescan against a device-to-device copy of the same bytes (the
    roofline), the serial loop on CuPy and the published chunk-scan on CuPy,
-   with CUDA events (median of several runs after warm-up).
+   and ``vtrace`` and ``turn_gae`` against a copy of their bytes, with CUDA
+   events (median of several runs after warm-up).
 
 Every check is wrapped: a failure prints ``FAIL`` with the error and the run
 goes on; the exit status is non-zero if anything failed.  The whole run is
@@ -386,9 +387,14 @@ def cupy_stream_check(env: Env) -> str:
 
 def no_host_sync_check(env: Env) -> str:
     """The call returns while its stream is still busy with earlier work."""
-    cp = env.cp
     r, v, d = env.data((4, 2**22))
-    env.gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="cuda")  # warm (compiled)
+    return _returns_while_busy(env, lambda: env.gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="cuda"))
+
+
+def _returns_while_busy(env: Env, call: Callable[[], Any]) -> str:
+    """``call()`` returns while its stream still runs earlier work, in a fraction of that work's time."""
+    cp = env.cp
+    call()  # warm (compiled)
     big = cp.ones(2**28, dtype=cp.float32)  # 1 GiB
     s = cp.cuda.Stream(non_blocking=True)
     cp.cuda.Device().synchronize()
@@ -398,7 +404,7 @@ def no_host_sync_check(env: Env) -> str:
         for _ in range(60):  # ~60 x 0.5 ms of queued work
             big *= 1.0000001
         t = time.perf_counter()
-        env.gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="cuda")
+        call()
         host_ms = (time.perf_counter() - t) * 1e3
         pending = not s.done
         ev1 = cp.cuda.Event()
@@ -412,6 +418,87 @@ def no_host_sync_check(env: Env) -> str:
     if host_ms > 0.5 * queued_ms:
         raise AssertionError(f"call took {host_ms:.2f} ms host time behind {queued_ms:.1f} ms of queued work")
     return f"call returned after {host_ms:.2f} ms with {queued_ms:.1f} ms of work queued; stream still busy"
+
+
+# vtrace and turn_gae: elementwise steps on CuPy around the CUDA scan and GAE kernels.
+
+
+def vtrace_check(env: Env, shape: tuple | None, dtype: Any = np.float32, axis: int = -1, masked: bool = False,
+                 packed: bool = False, tt: bool = False) -> str:
+    """``vtrace`` with dones (or terminated + truncated + next_values), clipped ratios, lv, optionally a
+    mask and packed segments, against the reference."""
+    kw: dict[str, Any] = dict(gamma=0.99, lam=0.95, rho_bar=1.0, c_bar=0.9, axis=axis)
+    if packed:
+        lens = env.rng.geometric(1 / 2000, size=150)
+        lens[::9] = 0
+        cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        shape = (int(cu[-1]),)
+        kw.update(cu_seqlens=env.cp.asarray(cu), last_value=env.normal(len(lens), dtype))
+    r, v, d = env.data(shape, dtype, p_done=0.003)
+    lr = env.normal(shape, dtype) * dtype(0.5)
+    if tt:
+        kw.update(next_values=env.normal(shape, dtype), terminated=d, truncated=env.flags(0.003, shape))
+    else:
+        kw["dones"] = d
+        if not packed:
+            kw["last_value"] = env.normal(tuple(n for i, n in enumerate(shape) if i != axis % len(shape)), dtype)
+    if masked:
+        kw["mask"] = env.flags(0.8, shape)
+    res = env.gaescan.vtrace(r, v, lr, backend="cuda", **kw)
+    return _both(res, env.testing.vtrace(r, v, lr, **kw), _out_dtype(dtype), kw.get("mask"))
+
+
+def _turns(env: Env, B: int, T: int, mean_len: int) -> tuple[Any, Any]:
+    """int32 turn ids (non-decreasing, with gaps) and a mask of masked spans, ``(B, T)`` on the device."""
+    rng = env.rng
+    ids = np.cumsum((rng.random((B, T)) < 1 / mean_len) * rng.integers(1, 4, (B, T)), axis=1).astype(np.int32)
+    mask = np.repeat(rng.random((B, -(-T // 64))) > 0.2, 64, axis=1)[:, :T]  # spans of 64 tokens
+    return env.cp.asarray(ids), env.cp.asarray(mask)
+
+
+def turn_check(env: Env, B: int, T: int, dtype: Any = np.float32, masked: bool = True, per_row: bool = False,
+               mean_len: int = 300) -> str:
+    """``turn_gae`` with a mask of spans, lv[B], scalar or per-row γ and λ, against the reference."""
+    r, v, _ = env.data((B, T), dtype)
+    ids, mask = _turns(env, B, T, mean_len)
+    kw: dict[str, Any] = dict(gamma=0.99, lam=0.95, mask=mask if masked else None,
+                              last_value=env.normal(B, dtype))
+    if per_row:
+        kw.update(gamma=env.uniform(0.9, 1.0, (B, 1)).astype(dtype), lam=env.uniform(0.5, 1.0, (B, 1)).astype(dtype))
+    res = env.gaescan.turn_gae(r, v, ids, backend="cuda", **kw)
+    return _both(res, env.testing.turn_gae(r, v, ids, **kw), _out_dtype(dtype), kw["mask"])
+
+
+def pipeline_no_sync_check(env: Env) -> str:
+    """``vtrace`` (packed, masked) and ``turn_gae`` (masked) return while their stream is busy."""
+    n = 2**22
+    r, v, d = env.data((n,))
+    lr, m = env.normal(n), env.flags(0.8, n)
+    cu = env.cp.asarray(np.array([0, n // 3, n // 3, n], dtype=np.int64))
+    ids, tm = _turns(env, 4, n // 4, 300)
+    r2, v2 = r.reshape(4, -1), v.reshape(4, -1)
+    msg = "vtrace: " + _returns_while_busy(env, lambda: env.gaescan.vtrace(
+        r, v, lr, gamma=0.99, dones=d, mask=m, cu_seqlens=cu, backend="cuda"))
+    return msg + "; turn_gae: " + _returns_while_busy(env, lambda: env.gaescan.turn_gae(
+        r2, v2, ids, gamma=0.99, lam=0.95, mask=tm, backend="cuda"))
+
+
+def torch_pipeline_check(env: Env) -> str:
+    """``vtrace`` and ``turn_gae`` on CUDA tensors (``"auto"``): CUDA tensors back."""
+    torch = env.torch
+    g = torch.Generator(device="cuda").manual_seed(2)
+    r = torch.randn(8, 20000, device="cuda", generator=g)
+    v = torch.randn(8, 20000, device="cuda", generator=g)
+    lr = 0.5 * torch.randn(8, 20000, device="cuda", generator=g)
+    d = torch.rand(8, 20000, device="cuda", generator=g) < 0.003
+    ids = torch.cumsum((torch.rand(8, 20000, device="cuda", generator=g) < 0.005).int(), dim=1)
+    vt = env.gaescan.vtrace(r, v, lr, gamma=0.99, dones=d)
+    tg = env.gaescan.turn_gae(r, v, ids, gamma=0.99, lam=0.95)
+    for x in (*vt, *tg):
+        if not isinstance(x, torch.Tensor) or x.device.type != "cuda":
+            raise AssertionError(f"expected a CUDA tensor back, got {type(x)}")
+    return ("vtrace " + _both(vt, env.testing.vtrace(r, v, lr, gamma=0.99, dones=d), np.float32)
+            + "; turn_gae " + _both(tg, env.testing.turn_gae(r, v, ids, gamma=0.99, lam=0.95), np.float32))
 
 
 # CUDA graphs: the look-back scratch (and any conversion) of a captured call must
@@ -609,6 +696,19 @@ def correctness_cases(n_long: int) -> list[CheckCase]:
         C("no host synchronisation (queued work, streamQuery)", no_host_sync_check),
         C("CUDA graph (CuPy capture) gae look-back B=4 T=2^20 out=", graph_cupy_check),
         C("CUDA graph (torch.cuda.graph) packed int32 cu_seqlens out=", graph_torch_check, needs_torch=True),
+        # vtrace and turn_gae (elementwise CuPy steps around the scan and GAE kernels).
+        C("vtrace B=64 T=5000 f32 dones lv[B]", vtrace_check, _args(shape=(64, 5000))),
+        C("vtrace B=3 T=100001 f32 mask dones lv[B] (look-back)", vtrace_check,
+          _args(shape=(3, 100001), masked=True)),
+        C("vtrace time-major axis=0 T=2000 B=128 f64 terminated+truncated+next_values mask", vtrace_check,
+          _args(shape=(2000, 128), dtype=np.float64, axis=0, tt=True, masked=True)),
+        C("vtrace packed cu_seqlens S=150 mask lv[S] f32", vtrace_check, _args(shape=None, packed=True, masked=True)),
+        C("turn_gae B=16 T=20000 f32 mask spans lv[B]", turn_check, _args(B=16, T=20000)),
+        C("turn_gae B=2 T=150001 f64 no mask, per-row gamma/lam (look-back)", turn_check,
+          _args(B=2, T=150001, dtype=np.float64, masked=False, per_row=True)),
+        C("turn_gae B=4096 T=64 f32 mask, one-token turns", turn_check, _args(B=4096, T=64, mean_len=1)),
+        C("vtrace and turn_gae: no host synchronisation", pipeline_no_sync_check),
+        C("vtrace and turn_gae on torch CUDA tensors (auto)", torch_pipeline_check, needs_torch=True),
     ]
     # The experimental direct launch (tunable "direct_launch"): same kernels, same stream.
     DL = dict(direct_launch=True)
@@ -762,12 +862,13 @@ def _host_us(cp: Any, fn: Callable[[], Any], calls: int = 200) -> float:
     return us
 
 
-def _copy_ms(cp: Any, n: int) -> float:
-    """Median time of a device-to-device copy moving GAE's 17 bytes per step for ``n`` steps (the roofline).
+def _copy_ms(cp: Any, n: int, per_step: int = 17) -> float:
+    """Median time of a device-to-device copy moving ``per_step`` bytes per step for ``n`` steps (the roofline;
+    GAE's 17 by default).
 
-    A copy of X bytes moves 2X (read and write): X = 17n/2.
+    A copy of X bytes moves 2X (read and write): X = per_step·n/2.
     """
-    nbytes = (17 * n) // 2
+    nbytes = (per_step * n) // 2
     src = cp.empty(nbytes, cp.uint8)
     dst = cp.empty(nbytes, cp.uint8)
     sp = cp.cuda.get_current_stream().ptr
@@ -931,6 +1032,55 @@ def benchmarks(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
         traceback.print_exc(limit=4)
         RESULTS.append(("FAIL", "access-pattern probe", f"{type(exc).__name__}: {exc}"))
     sweep(cp, gaescan, quick, budget)
+
+
+# Bytes per step that vtrace (r, V, log ρ, a done flag read; vs, advantages written, float32) and
+# turn_gae (r, V, int32 ids, a mask flag read; advantages, returns written) must move at least.
+PIPELINE_BYTES = {"vtrace": 21, "turn_gae": 21}
+
+
+def _pipeline_row(cp: Any, gaescan: Any, rng: Any, label: str, B: int, T: int) -> None:
+    """Time and print one shape of :func:`pipeline_bench`."""
+    r, v, d, a0, r0 = _gae_arrays(cp, rng, (B, T), 0.001)
+    lr = cp.asarray(0.5 * rng.standard_normal((B, T), dtype=np.float32))
+    ids = cp.asarray(np.cumsum(rng.random((B, T)) < 1 / 300, axis=1).astype(np.int32))
+    mask = cp.asarray(rng.random((B, T)) > 0.2)
+    calls = {
+        "vtrace": lambda: gaescan.vtrace(r, v, lr, gamma=0.99, dones=d, out=(a0, r0), backend="cuda"),
+        "turn_gae": lambda: gaescan.turn_gae(r, v, ids, gamma=0.99, lam=0.95, mask=mask, out=(a0, r0),
+                                             backend="cuda"),
+    }
+    t_gae = _events_ms(cp, lambda: gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, out=(a0, r0), backend="cuda"))
+    for fn, call in calls.items():
+        t = _events_ms(cp, call, reps=5)
+        t_c = _copy_ms(cp, B * T, PIPELINE_BYTES[fn])
+        print(f"{label:<18s}{fn:>10s}{t:10.3f}{PIPELINE_BYTES[fn] * B * T / t / 1e6:10.1f}{t_c:10.3f}"
+              f"{t_c / t:8.3f}{t_gae:10.3f}", flush=True)
+
+
+def pipeline_bench(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
+    """vtrace and turn_gae on CuPy against a device-to-device copy of their bytes, and GAE of the same shape."""
+    rng = np.random.default_rng(11)
+    shapes = [("B=256 T=16384", 256, 16384), ("B=4 T=2^21", 4, 2**21), ("B=4096 T=256", 4096, 256)]
+    if quick:
+        shapes = [("B=64 T=16384", 64, 16384)]
+    print()
+    print("vtrace (dones) and turn_gae (mask, int32 ids), float32, on CuPy arrays: CUDA events, median.")
+    print(f"copy = device-to-device copy of the bytes each must move ({PIPELINE_BYTES} per step); "
+          "frac = copy / call; gae = gaescan.gae (dones) of the same shape.")
+    print(f"{'shape':<18s}{'function':>10s}{'ms':>10s}{'GB/s':>10s}{'copy ms':>10s}{'frac':>8s}{'gae ms':>10s}")
+    for label, B, T in shapes:
+        if _elapsed() > budget:
+            print(f"SKIP  pipeline bench {label}: past the {budget:.0f}s budget")
+            continue
+        try:
+            _pipeline_row(cp, gaescan, rng, label, B, T)
+            RESULTS.append(("PASS", f"pipeline bench {label}", ""))
+        except Exception as exc:  # noqa: BLE001
+            traceback.print_exc(limit=4)
+            RESULTS.append(("FAIL", f"pipeline bench {label}", f"{type(exc).__name__}: {exc}"))
+            print(f"FAIL  pipeline bench {label}: {type(exc).__name__}: {exc}")
+        cp.get_default_memory_pool().free_all_blocks()
 
 
 def access_probe(cp: Any, quick: bool) -> None:
@@ -1247,6 +1397,11 @@ def main(argv: list | None = None) -> int:
         except Exception as exc:  # noqa: BLE001
             traceback.print_exc()
             RESULTS.append(("FAIL", "benchmark driver", str(exc)))
+        try:
+            pipeline_bench(cp, gaescan, a.quick, a.budget)
+        except Exception as exc:  # noqa: BLE001
+            traceback.print_exc()
+            RESULTS.append(("FAIL", "pipeline benchmark driver", str(exc)))
         try:
             host_profile(cp, gaescan)
         except Exception as exc:  # noqa: BLE001

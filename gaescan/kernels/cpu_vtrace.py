@@ -216,19 +216,19 @@ def _sigs() -> list:
         res = types.Array(ft, 2, "A")
         f8 = types.float64
         out.append(types.void(data, data, data, data, data, data, flag, flag, flag, types.boolean,
-                              f8, f8, f8, _ro(ft, 1), _CU, types.boolean, ft, res, res))
+                              f8, f8, f8, _ro(ft, 1), _ro(ft, 1), _CU, types.boolean, ft, res, res))
     return out
 
 
 @_kernel(_sigs(), parallel=True, fastmath=_FM)
 def vtrace_rows(rewards, values, log_rhos, next_values, gamma, lam, term, trunc, mask, has_next,
-                 rb, cb, pb, bound, cu, packed, zero, vs, adv):
+                 rb, cb, pb, bound, carry, cu, packed, zero, vs, adv):
     """V-trace per sequence, sequences in pairs (rows ``2u``, ``2u + 1`` or the
     packed segments ``2u``, ``2u + 1``).
 
     ``V'_t`` is ``next_values[r, t]`` when ``has_next``, else the value at the
     next unmasked position, else ``bound[s]`` (``last_value``); ``D`` past a
-    sequence's end is 0.  ``rb``, ``cb``, ``pb`` are the clipping thresholds
+    sequence's end is ``carry[s]`` (``last_trace``).  ``rb``, ``cb``, ``pb`` are the clipping thresholds
     of ρ, c and ρpg (float64).
     """
     n = bound.shape[0]
@@ -236,8 +236,8 @@ def vtrace_rows(rewards, values, log_rhos, next_values, gamma, lam, term, trunc,
         two, i0, e0, b0, i1, e1, b1 = _pair(u, n, rewards.shape[1], cu, packed)
         s0 = 2 * np.int64(u)
         s1 = s0 + 1 if two else s0
-        d0 = _f8(0.0)
-        d1 = _f8(0.0)
+        d0 = _f8(carry[s0])
+        d1 = _f8(carry[s1])
         v0 = bound[s0]
         v1 = bound[s1]
         n0 = e0 - b0
@@ -323,7 +323,7 @@ def _fstep(rt, vt, vp, tm, dn, g, rho, a, pg, x):
 
 
 @njit(fastmath=_FM, nogil=True, cache=True)
-def _fused_unit(u, r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, rb, cb, pb, vs, adv):
+def _fused_unit(u, r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, carry, rb, cb, pb, vs, adv):
     # Work unit u: rows 2u and 2u + 1, or the last row alone when R is odd.
     R, T = r.shape
     i = 2 * np.int64(u)
@@ -337,8 +337,8 @@ def _fused_unit(u, r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, r
     rho1 = np.empty(_L, _f8)
     a1 = np.empty(_L, _f8)
     pg1 = np.empty(_L, _f8)
-    x0 = _f8(0.0)
-    x1 = _f8(0.0)
+    x0 = _f8(carry[i])
+    x1 = _f8(carry[k])
     v0 = bound[i]
     v1 = bound[k]
     hi = np.int64(T)
@@ -392,19 +392,20 @@ def _fused_sigs() -> list:
         col = _ro(ft, 1)
         res = types.Array(ft, 2, "C")
         f8, b = types.float64, types.boolean
-        out.append(types.void(data, data, data, data, b, flag, b, flag, col, col, col, f8, f8, f8, res, res))
+        out.append(types.void(data, data, data, data, b, flag, b, flag, col, col, col, col, f8, f8, f8, res, res))
     return out
 
 
 @_kernel(_fused_sigs(), parallel=True, fastmath=_FM)
-def vtrace_fused(r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, rb, cb, pb, vs, adv):
+def vtrace_fused(r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, carry, rb, cb, pb, vs, adv):
     """Fused V-trace on C-contiguous batch-major rows, scalar or per-row γ/λ
-    (``gcol``, ``lcol``, one per row), terminations (``d``, read when
+    (``gcol``, ``lcol``, one per row), ``bound`` and ``carry`` (``last_value`` and
+    ``last_trace``, one per row), terminations (``d``, read when
     ``has_term``) or ``next_values`` with terminations and truncations (``d``
     and ``tr`` both read, zero-stride views of 0 when absent); no mask, no
     packing.  Rows in pairs, pairs in parallel."""
     for u in prange((r.shape[0] + 1) // 2):
-        _fused_unit(u, r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, rb, cb, pb, vs, adv)
+        _fused_unit(u, r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, carry, rb, cb, pb, vs, adv)
 
 
 # --------------------------------------------------------------------------- time-major fast path
@@ -427,12 +428,12 @@ def _tm_sigs() -> list:
         col = _ro(ft, 1)
         res = types.Array(ft, 2, "C")
         f8, b = types.float64, types.boolean
-        out.append(types.void(data, data, data, data, b, flag, b, flag, col, col, col, f8, f8, f8, res, res))
+        out.append(types.void(data, data, data, data, b, flag, b, flag, col, col, col, col, f8, f8, f8, res, res))
     return out
 
 
 @_kernel(_tm_sigs(), parallel=True, fastmath=_FM)
-def vtrace_timemajor(r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, rb, cb, pb, vs, adv):
+def vtrace_timemajor(r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, carry, rb, cb, pb, vs, adv):
     """:func:`vtrace_fused` on ``(T, R)`` C-contiguous arrays (the transposes of
     time-major row views); ``d`` and ``tr`` are uint8 ``(T, R)`` views of any
     strides, read as in :func:`vtrace_fused`."""
@@ -450,7 +451,7 @@ def vtrace_timemajor(r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound,
         gg = np.empty(w, _f8)
         ll = np.empty(w, _f8)
         for q in range(w):
-            x[q] = 0.0
+            x[q] = carry[c0 + q]
             vn[q] = bound[c0 + q]
             gg[q] = gcol[c0 + q]
             ll[q] = lcol[c0 + q]
