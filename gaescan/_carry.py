@@ -80,7 +80,9 @@ def _cut_rows(xp: Any, layout: v.Layout, cuts: Sequence[Any], mask: Any) -> Any:
     cut = None
     for f in cuts:
         if f is not None:
-            fr = layout.rows(xp, f) != 0
+            fr = layout.rows(xp, f)
+            # A boolean flag is its own cut (read, never written): no copy.
+            fr = fr if fr.dtype == np.bool_ else fr != 0
             cut = fr if cut is None else cut | fr
     if cut is not None and mask is not None:
         cut = cut & (layout.rows(xp, mask) != 0)
@@ -146,6 +148,26 @@ def _decay_product(
 _LOG_TINY = 744.5
 
 
+def _after_last_cut(xp: Any, cut: Any) -> Any:
+    """Per row, the step after its last cut (0 without one).
+
+    The last cuts are searched in trailing windows that grow fourfold until
+    every row with a cut has one in the window, so rows with frequent cuts
+    read only their tails.
+    """
+    R, T = cut.shape
+    has = xp.any(cut, axis=1)
+    W = min(T, 1024)
+    while True:
+        window = cut[:, T - W:]
+        hit = xp.any(window, axis=1)
+        if W == T or bool(xp.all(hit | ~has)):
+            break
+        W = min(T, 4 * W)
+    last = T - 1 - xp.argmax(window[:, ::-1], axis=1)
+    return xp.where(hit, last + 1, 0)
+
+
 def add_carry(xp: Any, layout: v.Layout, outs: Sequence[Any], a: Any, cut: Any, mask: Any, carry: Any) -> None:
     """Add a carry's contribution to a reverse scan computed with a zero carry, in place.
 
@@ -177,11 +199,7 @@ def add_carry(xp: Any, layout: v.Layout, outs: Sequence[Any], a: Any, cut: Any, 
     if R == 0 or T == 0:
         return
     carry = xp.asarray(carry, dtype=xp.float64).reshape(R)
-    if cut is None:
-        start = xp.zeros(R, dtype=np.int64)
-    else:
-        last = T - 1 - xp.argmax(cut[:, ::-1], axis=1)
-        start = xp.where(xp.any(cut, axis=1), last + 1, 0)
+    start = xp.zeros(R, dtype=np.int64) if cut is None else _after_last_cut(xp, cut)
     lo = int(start.min())
     if np.ndim(a) == 0 and mask is None:
         mag = abs(float(a))

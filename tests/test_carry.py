@@ -420,3 +420,21 @@ def test_long_rows_float32_within_spec_tolerance(rng):
     ref = gt.gae(r, v, gamma=1.0, lam=1.0, dones=d, last_value=0.5)
     assert_close(adv, ref[0], np.float32)
     assert_close(ret, ref[1], np.float32)
+
+
+@pytest.mark.parametrize("T", [1, 5, 1024, 1025, 5000, 70001])
+def test_after_last_cut_matches_a_loop(T):
+    """The step after each row's last cut, searched in growing trailing windows."""
+    from gaescan._carry import _after_last_cut
+
+    rng = np.random.default_rng(T)
+    cut = rng.random((7, T)) < 3.0 / T
+    cut[0] = False  # no cut: 0
+    cut[1, :] = False
+    cut[1, 0] = True  # only the first step
+    cut[2, -1] = True  # the last step: T
+    if T > 3000:
+        cut[3] = False
+        cut[3, 10] = True  # far from the end: several window growths
+    want = [max((t + 1 for t in range(T) if cut[i, t]), default=0) for i in range(cut.shape[0])]
+    np.testing.assert_array_equal(_after_last_cut(np, cut), want)
