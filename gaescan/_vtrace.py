@@ -14,11 +14,15 @@ hands it to a backend module:
 * ``"cuda"``: :mod:`gaescan.backends.vtrace_cuda` (the ``"numpy"``
   algorithm's elementwise steps on the device, its scans on the CUDA scan
   kernel).
+
+Dask arrays go to :func:`gaescan.backends.dask.vtrace`, whose blocks carry
+the bootstrap and the trace between time blocks (:func:`gaescan.vtrace_summary`).
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -26,7 +30,7 @@ import numpy as np
 
 from . import _dispatch as d
 from . import _validate as v
-from ._arrays import resolve
+from ._arrays import any_dask, resolve
 from ._problem import Coeff, Rows
 
 __all__ = ["VTraceResult", "vtrace"]
@@ -217,7 +221,9 @@ def vtrace(
         ``"auto"`` is ``"numba"`` for host arrays and ``"cuda"`` for GPU
         arrays (CuPy, PyTorch CUDA tensors); ``"numpy"`` runs on either.  On
         the GPU nothing is read back to the host and no stream is
-        synchronised.
+        synchronised.  With Dask arrays the result is lazy, each block
+        computed by the backend of its chunk type (``out`` and
+        ``cu_seqlens`` are refused).
 
     Returns
     -------
@@ -249,9 +255,17 @@ def vtrace(
     >>> adv
     array([ 0.5, -0.5,  0.5])
     """
+    if "dask" in sys.modules and any_dask(rewards, values, log_rhos, next_values, last_value, last_trace, dones,
+                                          terminated, truncated, mask, gamma, lam, cu_seqlens, out):
+        from .backends import dask as _dask
+
+        return _dask.vtrace(rewards, values, log_rhos, gamma=gamma, lam=lam, rho_bar=rho_bar, c_bar=c_bar,
+                            pg_rho_bar=pg_rho_bar, next_values=next_values, last_value=last_value,
+                            last_trace=last_trace, dones=dones, terminated=terminated, truncated=truncated,
+                            mask=mask, cu_seqlens=cu_seqlens, axis=axis, out=out, backend=backend)
     named = dict(rewards=rewards, values=values, log_rhos=log_rhos, next_values=next_values,
-                 last_value=last_value, last_trace=last_trace, dones=dones, terminated=terminated, truncated=truncated, mask=mask,
-                 cu_seqlens=cu_seqlens, gamma=gamma, lam=lam)
+                 last_value=last_value, last_trace=last_trace, dones=dones, terminated=terminated,
+                 truncated=truncated, mask=mask, cu_seqlens=cu_seqlens, gamma=gamma, lam=lam)
     if out is None:
         ctx = resolve(named)
     else:

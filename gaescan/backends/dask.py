@@ -41,7 +41,7 @@ import numpy as np
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
-from .. import _carry, _dispatch
+from .. import _carry, _dispatch, _vtrace
 from .. import _validate as v
 from .._arrays import SCALAR, Context, library_of
 from .._problem import GAEResult
@@ -244,6 +244,24 @@ def _bootstrap_summary(c: _Call, val, mask):
         return _carry.bootstrap_summary_of(_xp(val), dict(values=val, mask=mask), c.axis)
 
 
+def _vtrace_args(r, val, lr, nv, term, trunc, mask, g, lam, boot, carry=None) -> dict[str, Any]:
+    return dict(rewards=r, values=val, log_rhos=lr, next_values=nv, last_value=boot, last_trace=carry,
+                terminated=term, truncated=trunc, mask=mask, gamma=g, lam=lam)
+
+
+def _vtrace_summary(c: _Call, bars, r, val, lr, nv, term, trunc, mask, g, lam, boot):
+    with c.stream():
+        return _carry.vtrace_summary_of(_xp(r), c.backend, _vtrace_args(r, val, lr, nv, term, trunc, mask, g, lam,
+                                                                        boot), c.axis, bars[0], bars[1])
+
+
+def _vtrace_block(c: _Call, bars, r, val, lr, nv, term, trunc, mask, g, lam, boot, carry):
+    with c.stream():
+        vs, adv = _vtrace._run(_xp(r), c.backend, _vtrace_args(r, val, lr, nv, term, trunc, mask, g, lam, boot,
+                                                               carry), c.axis, None, *bars)
+    return vs.astype(c.dtype, copy=False), adv.astype(c.dtype, copy=False)
+
+
 def _returns_summary(c: _Call, r, dones, mask, g):
     with c.stream():
         return _carry.returns_summary_of(_xp(r), c.backend, dict(rewards=r, dones=dones, mask=mask, gamma=g),
@@ -394,6 +412,64 @@ def gae(rewards, values, *, gamma, lam, next_values, last_value, last_advantage,
             G.layer[(final, *idx)] = (partial(_gae_block, call), *inputs(idx), boot[idx], adv_carry[idx])
     adv, ret = G.arrays(final, 2)
     return GAEResult(adv, ret)
+
+
+def vtrace(rewards, values, log_rhos, *, gamma, lam, rho_bar, c_bar, pg_rho_bar, next_values, last_value,
+           last_trace, dones, terminated, truncated, mask, cu_seqlens, axis, out, backend) -> Any:
+    """:func:`gaescan.vtrace` on Dask arrays: the V' bootstrap (without ``next_values``)
+    and the trace ``D`` carried between time blocks, as GAE's bootstrap and advantage."""
+    named = dict(rewards=rewards, values=values, log_rhos=log_rhos, next_values=next_values,
+                 last_value=last_value, last_trace=last_trace, dones=dones, terminated=terminated,
+                 truncated=truncated, mask=mask, gamma=gamma, lam=lam)
+    ctx = _context(named, out, backend, cu_seqlens)
+    name = _dispatch.choose(backend, ctx)
+    v.check_episode_ends(dones, terminated, truncated, next_values, last_value)
+    if rewards is None or values is None or log_rhos is None:
+        raise TypeError("rewards, values and log_rhos are required arrays")
+    term_name = "dones" if dones is not None else "terminated"
+    data_named = dict(rewards=rewards, values=values, log_rhos=log_rhos, next_values=next_values, mask=mask,
+                      truncated=truncated, **{term_name: dones if dones is not None else terminated})
+    arrs, _ = _data(data_named, ["rewards", "values", "log_rhos", "next_values", term_name, "truncated", "mask"])
+    ref = arrs["rewards"]
+    ax = _axis(ref, axis)
+    dtype = v.result_dtype(arrs["rewards"], arrs["values"], arrs["log_rhos"], arrs.get("next_values"),
+                           last_value, last_trace, gamma, lam)
+    rb = _vtrace._threshold(rho_bar, "rho_bar", dtype)
+    bars = (rb, _vtrace._threshold(c_bar, "c_bar", dtype),
+            rb if pg_rho_bar is None else _vtrace._threshold(pg_rho_bar, "pg_rho_bar", dtype))
+    g = _coefficient(gamma, "gamma", ref, dtype, True)
+    lm = _coefficient(lam, "lam", ref, dtype, True)
+    lv = _boundary(last_value, "last_value", ref, ax)
+    lt = _boundary(last_trace, "last_trace", ref, ax)
+    call = _Call(ax, name, dtype, ctx.on_device)
+    token = tokenize("vtrace", arrs, gamma, lam, bars, last_value, last_trace, ax, backend,
+                     {k: getattr(x, "name", x) for k, x in (("g", g), ("l", lm), ("lv", lv), ("lt", lt))})
+    G = _Graph(ref, ax, call, token)
+    nv, term, trunc, m = (arrs.get(k) for k in ("next_values", term_name, "truncated", "mask"))
+
+    def inputs(idx):
+        return [G.ref_of(x, idx) for x in (arrs["rewards"], arrs["values"], arrs["log_rhos"], nv, term, trunc, m,
+                                           g, lm)]
+
+    if nv is None:
+        boot = G.carried(
+            "vtrace-bootstrap",
+            lambda idx: (partial(_bootstrap_summary, call), G.ref_of(arrs["values"], idx), G.ref_of(m, idx)),
+            lv, reverse=True,
+        )
+    else:
+        boot = dict.fromkeys((i for _, idxs in G.blocks() for i in idxs))
+    trace = G.carried(
+        "vtrace-trace",
+        lambda idx: (partial(_vtrace_summary, call, bars), *inputs(idx), boot[idx]),
+        lt, reverse=True,
+    )
+    final = f"vtrace-{token}"
+    for _, idxs in G.blocks():
+        for idx in idxs:
+            G.layer[(final, *idx)] = (partial(_vtrace_block, call, bars), *inputs(idx), boot[idx], trace[idx])
+    vs, adv = G.arrays(final, 2)
+    return _vtrace.VTraceResult(vs, adv)
 
 
 def discounted_returns(rewards, *, gamma, dones, last_value, mask, cu_seqlens, axis, out, backend) -> Any:
