@@ -27,6 +27,10 @@ NaN or inf at a masked position reaches no sum.
 
 *Normalisation* (:func:`masked_normalize`): ``y = (x − mean)·inv + shift``
 at valid positions, exactly 0 at masked ones, in parallel chunks.
+
+The loops over positions run on unsigned indices (``range(np.uint64(lo),
+np.uint64(hi))``): a signed index carries Numba's negative-index wraparound,
+which keeps LLVM from vectorising the loop.
 """
 
 from __future__ import annotations
@@ -94,25 +98,25 @@ def _gn_sorted(scores, order, offsets, loo, scale, ddof, eps, out):
         if n == 0:
             continue
         if n == 1 or (scale and n <= ddof):
-            for k in range(lo, hi):
+            for k in range(np.uint64(lo), np.uint64(hi)):
                 i = order[k]
                 out[i] = scores[i]
             continue
         s = 0.0
-        for k in range(lo, hi):
+        for k in range(np.uint64(lo), np.uint64(hi)):
             s += _f8(scores[order[k]])
         mean = s / n
         inv = 1.0
         if scale:
             m2 = 0.0
-            for k in range(lo, hi):
+            for k in range(np.uint64(lo), np.uint64(hi)):
                 d = _f8(scores[order[k]]) - mean
                 m2 += d * d
             inv = 1.0 / (math.sqrt(m2 / (n - ddof)) + eps)
         # The leave-one-out baseline (sum − s_i)/(n − 1) gives
         # s_i − b_i = (s_i − mean)·n/(n − 1): a centred difference, not one of two large sums.
         f = n / (n - 1.0) if loo else 1.0
-        for k in range(lo, hi):
+        for k in range(np.uint64(lo), np.uint64(hi)):
             i = order[k]
             out[i] = ((_f8(scores[i]) - mean) * f) * inv
 
@@ -128,22 +132,22 @@ def _gn_fixed(scores, n, loo, scale, ddof, eps, out):
         lo = g * n
         hi = lo + n
         if n == 1 or (scale and n <= ddof):
-            for i in range(lo, hi):
+            for i in range(np.uint64(lo), np.uint64(hi)):
                 out[i] = scores[i]
             continue
         s = 0.0
-        for i in range(lo, hi):
+        for i in range(np.uint64(lo), np.uint64(hi)):
             s += _f8(scores[i])
         mean = s / n
         inv = 1.0
         if scale:
             m2 = 0.0
-            for i in range(lo, hi):
+            for i in range(np.uint64(lo), np.uint64(hi)):
                 d = _f8(scores[i]) - mean
                 m2 += d * d
             inv = 1.0 / (math.sqrt(m2 / (n - ddof)) + eps)
         f = n / (n - 1.0) if loo else 1.0
-        for i in range(lo, hi):
+        for i in range(np.uint64(lo), np.uint64(hi)):
             out[i] = ((_f8(scores[i]) - mean) * f) * inv
 
 
@@ -153,13 +157,13 @@ def _chunk_two_pass(mask, has_mask, x, lo, hi):
     s = 0.0
     k = 0
     if has_mask:
-        for i in range(lo, hi):
+        for i in range(np.uint64(lo), np.uint64(hi)):
             valid = mask[i] != 0
             v = _f8(x[i])
             s += v if valid else 0.0
             k += valid
     else:
-        for i in range(lo, hi):
+        for i in range(np.uint64(lo), np.uint64(hi)):
             s += _f8(x[i])
         k = hi - lo
     if k == 0:
@@ -167,11 +171,11 @@ def _chunk_two_pass(mask, has_mask, x, lo, hi):
     mean = s / k
     m2 = 0.0
     if has_mask:
-        for i in range(lo, hi):
+        for i in range(np.uint64(lo), np.uint64(hi)):
             d = _f8(x[i]) - mean
             m2 += d * d if mask[i] != 0 else 0.0
     else:
-        for i in range(lo, hi):
+        for i in range(np.uint64(lo), np.uint64(hi)):
             d = _f8(x[i]) - mean
             m2 += d * d
     return float(k), mean, m2
@@ -228,14 +232,14 @@ def _moments(mask, has_mask, chunk, res, x):
         s2 = 0.0
         k = 0
         if has_mask:
-            for i in range(lo, hi):
+            for i in range(np.uint64(lo), np.uint64(hi)):
                 valid = mask[i] != 0
                 d = _f8(x[i]) - K
                 s1 += d if valid else 0.0
                 s2 += d * d if valid else 0.0
                 k += valid
         else:
-            for i in range(lo, hi):
+            for i in range(np.uint64(lo), np.uint64(hi)):
                 d = _f8(x[i]) - K
                 s1 += d
                 s2 += d * d
@@ -286,11 +290,11 @@ def _normalize(x, mask, has_mask, mean, inv, shift, chunk, y):
         lo = c * chunk
         hi = min(lo + chunk, N)
         if has_mask:
-            for i in range(lo, hi):
+            for i in range(np.uint64(lo), np.uint64(hi)):
                 v = y.dtype.type((_f8(x[i]) - mean) * inv + shift)
                 y[i] = v if mask[i] != 0 else zero
         else:
-            for i in range(lo, hi):
+            for i in range(np.uint64(lo), np.uint64(hi)):
                 y[i] = (_f8(x[i]) - mean) * inv + shift
 
 
