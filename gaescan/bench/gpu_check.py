@@ -420,6 +420,49 @@ def _returns_while_busy(env: Env, call: Callable[[], Any]) -> str:
     return f"call returned after {host_ms:.2f} ms with {queued_ms:.1f} ms of work queued; stream still busy"
 
 
+# group_normalize, whiten and moments: the CUDA statistics kernels (backends/stats_cuda.py).
+
+def group_check(env: Env, B: int, size: int, leave_one_out: bool = False, scale: bool = True,
+                dtype: Any = np.float32) -> str:
+    """``group_normalize`` over shuffled labels (unequal groups and a single-member one) and
+    over ``group_size``, against the reference."""
+    labels = env.rng.permutation(np.repeat(np.arange(B // size), size))
+    labels[:size // 2] = B  # half a group relabelled: one group of size // 2 ...
+    labels[size // 2] = B + 7  # ... and a single-member group
+    scores = env.normal(B, dtype)
+    kw = dict(leave_one_out=leave_one_out, scale=scale)
+    lab = env.cp.asarray(labels)
+    got = env.gaescan.group_normalize(scores, groups=lab, backend="cuda", **kw)
+    msg = "labels " + compare(got, env.testing.group_normalize(scores, groups=lab, **kw), dtype)
+    got = env.gaescan.group_normalize(scores, group_size=size, backend="cuda", **kw)
+    return msg + " / group_size " + compare(got, env.testing.group_normalize(scores, group_size=size, **kw), dtype)
+
+
+def whiten_check(env: Env, shape: tuple, dtype: Any = np.float32, shift_mean: bool = True) -> str:
+    """``whiten`` with a mask on ``x = 1e4 + N(0, 1)`` (E[x²] − E[x]² would cancel), and ``moments``."""
+    x = env.normal(shape, dtype) + dtype(1e4)
+    m = env.flags(0.8, shape)
+    y = env.gaescan.whiten(x, m, shift_mean=shift_mean, backend="cuda")
+    msg = compare(y, env.testing.whiten(x, m, shift_mean=shift_mean), dtype, m)
+    got, want = env.gaescan.moments(x, m, backend="cuda"), env.testing.moments(x, m)
+    for name in ("count", "mean", "m2"):
+        g, w = float(getattr(got, name)), float(getattr(want, name))
+        if abs(g - w) > 1e-9 * max(abs(w), 1.0):
+            raise AssertionError(f"moments.{name} {g!r} != {w!r}")
+    return msg + " / moments exact to 1e-9"
+
+
+def stats_no_sync_check(env: Env) -> str:
+    """``group_normalize`` (labels) and ``whiten`` return while their stream is busy."""
+    B = 2**20
+    labels = env.cp.asarray(env.rng.permutation(np.repeat(np.arange(B // 16), 16)))
+    scores = env.normal(B)
+    x, m = env.normal((256, 8192)), env.flags(0.8, (256, 8192))
+    msg = "group_normalize: " + _returns_while_busy(env, lambda: env.gaescan.group_normalize(
+        scores, groups=labels, backend="cuda"))
+    return msg + "; whiten: " + _returns_while_busy(env, lambda: env.gaescan.whiten(x, m, backend="cuda"))
+
+
 # vtrace and turn_gae: elementwise steps on CuPy around the CUDA scan and GAE kernels.
 
 
@@ -708,6 +751,13 @@ def correctness_cases(n_long: int) -> list[CheckCase]:
           _args(B=2, T=150001, dtype=np.float64, masked=False, per_row=True)),
         C("turn_gae B=4096 T=64 f32 mask, one-token turns", turn_check, _args(B=4096, T=64, mean_len=1)),
         C("vtrace and turn_gae: no host synchronisation", pipeline_no_sync_check),
+        C("group_normalize B=4096 groups of 16 (GRPO), labels and group_size", group_check, _args(B=4096, size=16)),
+        C("group_normalize B=2^20 groups of 8, leave-one-out, no scale (RLOO)", group_check,
+          _args(B=2**20, size=8, leave_one_out=True, scale=False)),
+        C("whiten [4096, 8192] f32 mask, x = 1e4 + N(0, 1); moments", whiten_check, _args(shape=(4096, 8192))),
+        C("whiten [3, 100001] f64 mask, no shift", whiten_check, _args(shape=(3, 100001), dtype=np.float64,
+                                                                       shift_mean=False)),
+        C("group_normalize and whiten: no host synchronisation", stats_no_sync_check),
         C("vtrace and turn_gae on torch CUDA tensors (auto)", torch_pipeline_check, needs_torch=True),
     ]
     # The experimental direct launch (tunable "direct_launch"): same kernels, same stream.
