@@ -274,12 +274,12 @@ def resolve(named: Mapping[str, Any], types: tuple | None = None) -> Context:
         _no_array()
     (lib,) = libs
     if lib == "dask":
-        # gae, discounted_returns and linear_scan route Dask arrays to the Dask
-        # backend before they get here; everything else needs in-memory arrays.
+        # The functions with a Dask path route Dask arrays to it before they get
+        # here; everything else needs in-memory arrays.
         raise TypeError(
             "this function needs in-memory arrays, not Dask arrays; gaescan.gae, "
-            "discounted_returns and linear_scan accept Dask arrays directly (lazily), "
-            "or compute them first (x.compute())"
+            "discounted_returns, linear_scan, vtrace, group_normalize, whiten and moments "
+            "accept Dask arrays directly (lazily); for this one, compute them first (x.compute())"
         )
     if lib == "torch":
         (desc,) = seen
