@@ -83,6 +83,17 @@ def _gathered(dist: Any, group: Any, world: int, s: ScanSummary) -> ScanSummary:
     return ScanSummary(out[:, 0], out[:, 1])
 
 
+def _bootstrap(dist: Any, group: Any, world: int, rank: int, values: Any, mask: Any, axis: int,
+               next_values: Any, last_value: Any) -> Any:
+    """This slice's ``last_value``: ``V`` at the first valid step after it (one
+    all-gather of :func:`~gaescan.bootstrap_summary`), or the rows' own
+    ``last_value`` with ``next_values`` (exclusive with it: the scans raise on both)."""
+    if next_values is not None:
+        return last_value
+    s = _carry.bootstrap_summary(values, mask=mask, axis=axis)
+    return _carry.carry_in(_gathered(dist, group, world, s), boundary=last_value)[rank]
+
+
 def _no_packing(cu_seqlens: Any) -> None:
     if cu_seqlens is not None:
         raise ValueError(
@@ -159,11 +170,7 @@ def gae(
     dist = _dist()
     rank, world = _rank_world(dist, group)
     ends = dict(dones=dones, terminated=terminated, truncated=truncated, mask=mask)
-    if next_values is None:
-        boot = _carry.carry_in(_gathered(dist, group, world, _carry.bootstrap_summary(values, mask=mask, axis=axis)),
-                               boundary=last_value)[rank]
-    else:
-        boot = last_value  # exclusive with next_values: gae raises on both
+    boot = _bootstrap(dist, group, world, rank, values, mask, axis, next_values, last_value)
     if not resolve(dict(rewards=rewards, values=values)).on_device:
         return _gae_host(dist, group, world, rank, dict(
             rewards=rewards, values=values, gamma=gamma, lam=lam, next_values=next_values, last_value=boot,
@@ -245,11 +252,7 @@ def vtrace(
     rank, world = _rank_world(dist, group)
     kw = dict(gamma=gamma, lam=lam, rho_bar=rho_bar, c_bar=c_bar, next_values=next_values, dones=dones,
               terminated=terminated, truncated=truncated, mask=mask, axis=axis, backend=backend)
-    if next_values is None:
-        boot = _carry.carry_in(_gathered(dist, group, world, _carry.bootstrap_summary(values, mask=mask, axis=axis)),
-                               boundary=last_value)[rank]
-    else:
-        boot = last_value  # exclusive with next_values: vtrace raises on both
+    boot = _bootstrap(dist, group, world, rank, values, mask, axis, next_values, last_value)
     s = _carry.vtrace_summary(rewards, values, log_rhos, last_value=boot, **kw)
     d_in = _carry.carry_in(_gathered(dist, group, world, s), boundary=last_trace)[rank]
     return _vtrace.vtrace(rewards, values, log_rhos, pg_rho_bar=pg_rho_bar, last_value=boot, last_trace=d_in,
