@@ -247,7 +247,7 @@ def _renamed(func: Callable[..., Any], suffix: str, namespace: dict[str, Any]) -
 # float32 and each of these helpers is a copy compiled against that namespace.
 _STATE_HELPERS = ("_gae_at", "_ret_at", "_scan_at", "_gstep", "_mstep", "_nstep",
                   "_gae_span", "_gae_span2", "_ret_span", "_ret_span2",
-                  "_gae_row", "_gae_pair", "_gae_unit")
+                  "_gae_pair", "_gae_unit")
 _F4_NAMESPACE: dict[str, Any] = {}
 
 
@@ -481,7 +481,7 @@ def _gae_span(rewards, values, next_values, gamma, lam, term, trunc, mask, has_n
               i, e, b, j0, j1, a, v, zero, adv, ret):
     E = _LINE // adv.itemsize
     for j in range(j0, j1):
-        if (j - j0) & (E - 1) == 0:
+        if _PREFETCH and (j - j0) & (E - 1) == 0:
             p = _ahead(e, b, j)
             if p >= 0:
                 _pf_gae(rewards, values, next_values, gamma, lam, term, trunc, mask, i, p, adv, ret)
@@ -495,7 +495,7 @@ def _gae_span2(rewards, values, next_values, gamma, lam, term, trunc, mask, has_
                i0, e0, b0, i1, e1, b1, j1, a0, v0, a1, v1, zero, adv, ret):
     E = _LINE // adv.itemsize
     for j in range(j1):
-        if j & (E - 1) == 0:
+        if _PREFETCH and j & (E - 1) == 0:
             p = _ahead(e0, b0, j)
             if p >= 0:
                 _pf_gae(rewards, values, next_values, gamma, lam, term, trunc, mask, i0, p, adv, ret)
@@ -575,7 +575,7 @@ def _pf_ret(rewards, gamma, dones, mask, i, p, out):
 def _ret_span(rewards, gamma, dones, mask, i, e, b, j0, j1, G, zero, out):
     E = _LINE // out.itemsize
     for j in range(j0, j1):
-        if (j - j0) & (E - 1) == 0:
+        if _PREFETCH and (j - j0) & (E - 1) == 0:
             p = _ahead(e, b, j)
             if p >= 0:
                 _pf_ret(rewards, gamma, dones, mask, i, p, out)
@@ -587,7 +587,7 @@ def _ret_span(rewards, gamma, dones, mask, i, e, b, j0, j1, G, zero, out):
 def _ret_span2(rewards, gamma, dones, mask, i0, e0, b0, i1, e1, b1, j1, G0, G1, zero, out):
     E = _LINE // out.itemsize
     for j in range(j1):
-        if j & (E - 1) == 0:
+        if _PREFETCH and j & (E - 1) == 0:
             p = _ahead(e0, b0, j)
             if p >= 0:
                 _pf_ret(rewards, gamma, dones, mask, i0, p, out)
@@ -649,7 +649,7 @@ def scan_rows(a, b, reverse, initial, out):
         elif k < R:
             y1 = _f8(initial[k])
             for j in range(T):
-                if j & (E - 1) == 0:
+                if _PREFETCH and j & (E - 1) == 0:
                     p = _ahead(T, 0, j)
                     if p >= 0:
                         _prefetch_r(a, i, p)
@@ -663,7 +663,7 @@ def scan_rows(a, b, reverse, initial, out):
                 y1 = _scan_at(a, b, k, t, y1, out)
         else:
             for j in range(T):
-                if j & (E - 1) == 0:
+                if _PREFETCH and j & (E - 1) == 0:
                     p = _ahead(T, 0, j)
                     if p >= 0:
                         _prefetch_r(a, i, p)
@@ -834,97 +834,14 @@ def _pfw1(x, i, p):
 
 
 @njit(fastmath=_FM, nogil=True, cache=True)
-def _gae_row(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask, g, gl, vlast, alast):
-    """Row ``i``, reverse in time, fused: δ on the fly, each output written once."""
-    T = r.shape[1]
-    ft = adv.dtype.type
-    an = alast
-    vn = vlast
-    zero = ft(0)
-    E = _LINE // adv.itemsize
-    if has_next:
-        for j in range(T):
-            if j & (E - 1) == 0:
-                p = _ahead(T, 0, j)
-                if p >= 0:
-                    _pfr1(nv, i, p)
-                    _pfr1(r, i, p)
-                    _pfr1(v, i, p)
-                    _pfw1(adv, i, p)
-                    _pfw1(ret, i, p)
-                    if j & (_LINE - 1) == 0:  # a flag line holds 64 steps
-                        _pfr1(d, i, p)
-                        _pfr1(tr, i, p)
-            t = np.uint64(T - 1 - j)
-            vt = v[i, t]
-            dt = d[i, t] != 0
-            an = _nstep(r[i, t], vt, nv[i, t], dt, dt or tr[i, t] != 0, g, gl, an)
-            o = ft(an)
-            adv[i, t] = o
-            ret[i, t] = o + vt
-    elif has_mask:
-        for j in range(T):
-            if j & (E - 1) == 0:
-                p = _ahead(T, 0, j)
-                if p >= 0:
-                    _pfr1(r, i, p)
-                    _pfr1(v, i, p)
-                    _pfw1(adv, i, p)
-                    _pfw1(ret, i, p)
-                    if j & (_LINE - 1) == 0:  # a flag line holds 64 steps
-                        if has_term:
-                            _pfr1(d, i, p)
-                        _pfr1(m, i, p)
-            t = np.uint64(T - 1 - j)
-            an, vn, a_out, v_out = _mstep(r[i, t], v[i, t], has_term and d[i, t] != 0,
-                                          m[i, t] != 0, g, gl, an, vn, zero)
-            o = ft(a_out)
-            adv[i, t] = o
-            ret[i, t] = o + v_out
-    elif has_term:
-        for j in range(T):
-            if j & (E - 1) == 0:
-                p = _ahead(T, 0, j)
-                if p >= 0:
-                    _pfr1(r, i, p)
-                    _pfr1(v, i, p)
-                    _pfw1(adv, i, p)
-                    _pfw1(ret, i, p)
-                    if j & (_LINE - 1) == 0:  # a flag line holds 64 steps
-                        _pfr1(d, i, p)
-            t = np.uint64(T - 1 - j)
-            vt = v[i, t]
-            an = _gstep(r[i, t], vt, vn, d[i, t] != 0, g, gl, an)
-            o = ft(an)
-            adv[i, t] = o
-            ret[i, t] = o + vt
-            vn = vt
-    else:
-        for j in range(T):
-            if j & (E - 1) == 0:
-                p = _ahead(T, 0, j)
-                if p >= 0:
-                    _pfr1(r, i, p)
-                    _pfr1(v, i, p)
-                    _pfw1(adv, i, p)
-                    _pfw1(ret, i, p)
-            t = np.uint64(T - 1 - j)
-            vt = v[i, t]
-            an = _f8(r[i, t] + g * vn - vt) + gl * an
-            o = ft(an)
-            adv[i, t] = o
-            ret[i, t] = o + vt
-            vn = vt
-
-
-@njit(fastmath=_FM, nogil=True, cache=True)
-def _gae_pair(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask,
+def _gae_pair(r, v, nv, d, tr, m, adv, ret, i, k, has_next, has_term, has_mask,
               g0, gl0, g1, gl1, vl0, vl1, al0, al1):
-    """Rows ``i`` and ``i + 1`` in one loop: two independent chains hide each
-    other's FMA-and-select latency, which bounds a lone chain."""
+    """Rows ``i`` and ``k`` in one loop: two independent chains hide each
+    other's FMA-and-select latency, which bounds a lone chain.  ``k == i``
+    runs one row as both chains: they compute the same bits and store them
+    twice, in about the time of the lone chain."""
     T = r.shape[1]
     ft = adv.dtype.type
-    k = i + 1
     a0 = al0
     a1 = al1
     v0 = vl0
@@ -933,7 +850,7 @@ def _gae_pair(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask,
     E = _LINE // adv.itemsize
     if has_next:
         for j in range(T):
-            if j & (E - 1) == 0:
+            if _PREFETCH and j & (E - 1) == 0:
                 p = _ahead(T, 0, j)
                 if p >= 0:
                     _pfr(nv, i, k, p)
@@ -959,7 +876,7 @@ def _gae_pair(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask,
             ret[k, t] = o1 + x1
     elif has_mask:
         for j in range(T):
-            if j & (E - 1) == 0:
+            if _PREFETCH and j & (E - 1) == 0:
                 p = _ahead(T, 0, j)
                 if p >= 0:
                     _pfr(r, i, k, p)
@@ -983,7 +900,7 @@ def _gae_pair(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask,
             ret[k, t] = o1 + w1
     elif has_term:
         for j in range(T):
-            if j & (E - 1) == 0:
+            if _PREFETCH and j & (E - 1) == 0:
                 p = _ahead(T, 0, j)
                 if p >= 0:
                     _pfr(r, i, k, p)
@@ -1007,7 +924,7 @@ def _gae_pair(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask,
             v1 = x1
     else:
         for j in range(T):
-            if j & (E - 1) == 0:
+            if _PREFETCH and j & (E - 1) == 0:
                 p = _ahead(T, 0, j)
                 if p >= 0:
                     _pfr(r, i, k, p)
@@ -1034,20 +951,18 @@ def _gae_pair(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask,
 @njit(fastmath=_FM, nogil=True, cache=True)
 def _gae_unit(u, rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
               gcol, lcol, bound, carry, adv, ret):
-    # Work unit u: rows 2u and 2u + 1, or the last row alone when R is odd.
+    # Work unit u: rows 2u and 2u + 1, or the last row as both chains when R
+    # is odd (one loop body to compile, not a second one for a lone row).
     # γ enters δ in the data dtype; γλ, the decay of the carried A, is
     # ``_f8``, float64 outside the float32-state builds (γλ rounded to float32
     # would drift like a float32 state).
     i = 2 * np.int64(u)
+    k = i + 1 if i + 1 < rewards.shape[0] else i
     g = gcol[i]
-    if i + 1 < rewards.shape[0]:
-        h = gcol[i + 1]
-        _gae_pair(rewards, values, next_values, term, trunc, mask, adv, ret, i, has_next, has_term, has_mask,
-                  g, _f8(g) * _f8(lcol[i]), h, _f8(h) * _f8(lcol[i + 1]), bound[i], bound[i + 1],
-                  _f8(carry[i]), _f8(carry[i + 1]))
-    else:
-        _gae_row(rewards, values, next_values, term, trunc, mask, adv, ret, i, has_next, has_term, has_mask,
-                 g, _f8(g) * _f8(lcol[i]), bound[i], _f8(carry[i]))
+    h = gcol[k]
+    _gae_pair(rewards, values, next_values, term, trunc, mask, adv, ret, i, k, has_next, has_term, has_mask,
+              g, _f8(g) * _f8(lcol[i]), h, _f8(h) * _f8(lcol[k]), bound[i], bound[k],
+              _f8(carry[i]), _f8(carry[k]))
 
 
 _B = types.boolean

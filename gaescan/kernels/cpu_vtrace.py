@@ -39,6 +39,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from .cpu import _CU, _LINE, Kernel, _ahead, _pair, _prefetch_r, _prefetch_w, _ro
+from .cpu import _PREFETCH as _GENERAL_PREFETCH  # the general kernel prefetches as the GAE kernels do
 
 _FLOATS = (types.float32, types.float64)
 _f8 = np.float64
@@ -146,7 +147,7 @@ def _span(rewards, values, log_rhos, next_values, gamma, lam, term, trunc, mask,
     E = _LINE // vs.itemsize
     ft = vs.dtype.type
     for j in range(j0, j1):
-        if (j - j0) & (E - 1) == 0:
+        if _GENERAL_PREFETCH and (j - j0) & (E - 1) == 0:
             p = _ahead(e, b, j)
             if p >= 0:
                 _pf(rewards, values, log_rhos, next_values, gamma, lam, term, trunc, mask, i, p, vs, adv)
@@ -172,7 +173,7 @@ def _span2(rewards, values, log_rhos, next_values, gamma, lam, term, trunc, mask
     E = _LINE // vs.itemsize
     ft = vs.dtype.type
     for j in range(j1):
-        if j & (E - 1) == 0:
+        if _GENERAL_PREFETCH and j & (E - 1) == 0:
             p = _ahead(e0, b0, j)
             if p >= 0:
                 _pf(rewards, values, log_rhos, next_values, gamma, lam, term, trunc, mask, i0, p, vs, adv)
