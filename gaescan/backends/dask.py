@@ -362,29 +362,56 @@ class _Graph:
 # --------------------------------------------------------------------------- public entry points
 
 
+def _episode_call(named: dict[str, Any], required: tuple[str, ...], boundaries: tuple[str, str], axis: Any,
+                  out: Any, backend: str, cu_seqlens: Any) -> tuple:
+    """What :func:`gae` and :func:`vtrace` share before their graphs: the
+    context and backend, the episode-end checks, the data arrays (``required``
+    first, then ``next_values``, the termination flags, ``truncated`` and
+    ``mask``), the axis, the dtype and the two coefficients.
+
+    Returns ``(call, arrs, ref, axis, dtype, gamma, lam, term_name)``.
+    """
+    ctx = _context(named, out, backend, cu_seqlens)
+    name = _dispatch.choose(backend, ctx)
+    dones, terminated = named["dones"], named["terminated"]
+    v.check_episode_ends(dones, terminated, named["truncated"], named["next_values"], named["last_value"])
+    if any(named[k] is None for k in required):
+        raise TypeError(f"{', '.join(required[:-1])} and {required[-1]} are required arrays")
+    term_name = "dones" if dones is not None else "terminated"
+    data_named = {k: named[k] for k in (*required, "next_values", "mask", "truncated")}
+    data_named[term_name] = dones if dones is not None else terminated
+    arrs, _ = _data(data_named, [*required, "next_values", term_name, "truncated", "mask"])
+    ref = arrs["rewards"]
+    ax = _axis(ref, axis)
+    dtype = v.result_dtype(*(arrs[k] for k in required), arrs.get("next_values"),
+                           *(named[k] for k in boundaries), named["gamma"], named["lam"])
+    g = _coefficient(named["gamma"], "gamma", ref, dtype, True)
+    lm = _coefficient(named["lam"], "lam", ref, dtype, True)
+    return _Call(ax, name, dtype, ctx.on_device), arrs, ref, ax, dtype, g, lm, term_name
+
+
+def _bootstrap(G: _Graph, call: _Call, tag: str, values: Any, mask: Any, next_values: Any, lv: Any) -> dict:
+    """Each block's V' after its last step: the next block's first value (the
+    next unmasked one, else ``last_value``), carried backwards; ``None`` for
+    every block when ``next_values`` gives V' at every step."""
+    if next_values is not None:
+        return dict.fromkeys(i for _, idxs in G.blocks() for i in idxs)
+    return G.carried(
+        f"{tag}-bootstrap",
+        lambda idx: (partial(_bootstrap_summary, call), G.ref_of(values, idx), G.ref_of(mask, idx)),
+        lv, reverse=True,
+    )
+
+
 def gae(rewards, values, *, gamma, lam, next_values, last_value, last_advantage, dones, terminated,
         truncated, mask, cu_seqlens, axis, out, backend) -> Any:
     named = dict(rewards=rewards, values=values, next_values=next_values, last_value=last_value,
                  last_advantage=last_advantage, dones=dones, terminated=terminated, truncated=truncated,
                  mask=mask, gamma=gamma, lam=lam)
-    ctx = _context(named, out, backend, cu_seqlens)
-    name = _dispatch.choose(backend, ctx)
-    v.check_episode_ends(dones, terminated, truncated, next_values, last_value)
-    if rewards is None or values is None:
-        raise TypeError("rewards and values are required arrays")
-    term_name = "dones" if dones is not None else "terminated"
-    data_named = dict(rewards=rewards, values=values, next_values=next_values, mask=mask,
-                      truncated=truncated, **{term_name: dones if dones is not None else terminated})
-    arrs, _ = _data(data_named, ["rewards", "values", "next_values", term_name, "truncated", "mask"])
-    ref = arrs["rewards"]
-    ax = _axis(ref, axis)
-    dtype = v.result_dtype(arrs["rewards"], arrs["values"], arrs.get("next_values"), last_value,
-                           last_advantage, gamma, lam)
-    g = _coefficient(gamma, "gamma", ref, dtype, True)
-    lm = _coefficient(lam, "lam", ref, dtype, True)
+    call, arrs, ref, ax, dtype, g, lm, term_name = _episode_call(
+        named, ("rewards", "values"), ("last_value", "last_advantage"), axis, out, backend, cu_seqlens)
     lv = _boundary(last_value, "last_value", ref, ax)
     la = _boundary(last_advantage, "last_advantage", ref, ax)
-    call = _Call(ax, name, dtype, ctx.on_device)
     token = tokenize("gae", arrs, gamma, lam, last_value, last_advantage, ax, backend,
                      {k: getattr(x, "name", x) for k, x in (("g", g), ("l", lm), ("lv", lv), ("la", la))})
     G = _Graph(ref, ax, call, token)
@@ -393,14 +420,7 @@ def gae(rewards, values, *, gamma, lam, next_values, last_value, last_advantage,
     def inputs(idx):
         return [G.ref_of(x, idx) for x in (arrs["rewards"], arrs["values"], nv, term, trunc, m, g, lm)]
 
-    if nv is None:
-        boot = G.carried(
-            "gae-bootstrap",
-            lambda idx: (partial(_bootstrap_summary, call), G.ref_of(arrs["values"], idx), G.ref_of(m, idx)),
-            lv, reverse=True,
-        )
-    else:
-        boot = dict.fromkeys((i for _, idxs in G.blocks() for i in idxs))
+    boot = _bootstrap(G, call, "gae", arrs["values"], m, nv, lv)
     adv_carry = G.carried(
         "gae-advantage",
         lambda idx: (partial(_gae_summary, call), *inputs(idx), boot[idx]),
@@ -421,27 +441,13 @@ def vtrace(rewards, values, log_rhos, *, gamma, lam, rho_bar, c_bar, pg_rho_bar,
     named = dict(rewards=rewards, values=values, log_rhos=log_rhos, next_values=next_values,
                  last_value=last_value, last_trace=last_trace, dones=dones, terminated=terminated,
                  truncated=truncated, mask=mask, gamma=gamma, lam=lam)
-    ctx = _context(named, out, backend, cu_seqlens)
-    name = _dispatch.choose(backend, ctx)
-    v.check_episode_ends(dones, terminated, truncated, next_values, last_value)
-    if rewards is None or values is None or log_rhos is None:
-        raise TypeError("rewards, values and log_rhos are required arrays")
-    term_name = "dones" if dones is not None else "terminated"
-    data_named = dict(rewards=rewards, values=values, log_rhos=log_rhos, next_values=next_values, mask=mask,
-                      truncated=truncated, **{term_name: dones if dones is not None else terminated})
-    arrs, _ = _data(data_named, ["rewards", "values", "log_rhos", "next_values", term_name, "truncated", "mask"])
-    ref = arrs["rewards"]
-    ax = _axis(ref, axis)
-    dtype = v.result_dtype(arrs["rewards"], arrs["values"], arrs["log_rhos"], arrs.get("next_values"),
-                           last_value, last_trace, gamma, lam)
+    call, arrs, ref, ax, dtype, g, lm, term_name = _episode_call(
+        named, ("rewards", "values", "log_rhos"), ("last_value", "last_trace"), axis, out, backend, cu_seqlens)
     rb = _vtrace._threshold(rho_bar, "rho_bar", dtype)
     bars = (rb, _vtrace._threshold(c_bar, "c_bar", dtype),
             rb if pg_rho_bar is None else _vtrace._threshold(pg_rho_bar, "pg_rho_bar", dtype))
-    g = _coefficient(gamma, "gamma", ref, dtype, True)
-    lm = _coefficient(lam, "lam", ref, dtype, True)
     lv = _boundary(last_value, "last_value", ref, ax)
     lt = _boundary(last_trace, "last_trace", ref, ax)
-    call = _Call(ax, name, dtype, ctx.on_device)
     token = tokenize("vtrace", arrs, gamma, lam, bars, last_value, last_trace, ax, backend,
                      {k: getattr(x, "name", x) for k, x in (("g", g), ("l", lm), ("lv", lv), ("lt", lt))})
     G = _Graph(ref, ax, call, token)
@@ -451,14 +457,7 @@ def vtrace(rewards, values, log_rhos, *, gamma, lam, rho_bar, c_bar, pg_rho_bar,
         return [G.ref_of(x, idx) for x in (arrs["rewards"], arrs["values"], arrs["log_rhos"], nv, term, trunc, m,
                                            g, lm)]
 
-    if nv is None:
-        boot = G.carried(
-            "vtrace-bootstrap",
-            lambda idx: (partial(_bootstrap_summary, call), G.ref_of(arrs["values"], idx), G.ref_of(m, idx)),
-            lv, reverse=True,
-        )
-    else:
-        boot = dict.fromkeys((i for _, idxs in G.blocks() for i in idxs))
+    boot = _bootstrap(G, call, "vtrace", arrs["values"], m, nv, lv)
     trace = G.carried(
         "vtrace-trace",
         lambda idx: (partial(_vtrace_summary, call, bars), *inputs(idx), boot[idx]),
