@@ -188,7 +188,7 @@ def test_int64_indexing_logic():
 
 def test_specialisation_counts():
     for k in (cpu.gae_rows_fused, cpu.gae_rows_fused_1t, cpu.gae_timemajor, cpu.gae_rows,
-              cpu.returns_rows, cpu.scan_rows):
+              cpu.returns_rows, cpu.returns_rows_fused, cpu.returns_rows_fused_1t, cpu.scan_rows):
         assert len(k.signatures) == 2, (k, k.signatures)
     # a call compiles its dtype's build, closed to that one signature, and
     # other argument layouts (C-contiguous here, "A" in the signature) reuse it
@@ -280,6 +280,33 @@ def test_row_pairs_keep_their_own_coefficients(monkeypatch, serial_max, R):
         adv, ret = gaescan.gae(backend="numba", **kw)
         ref_adv, ref_ret = gt.gae(**kw)
         assert gt.assert_close(adv, ref_adv) <= 2e-5 and gt.assert_close(ret, ref_ret) <= 2e-5
+
+
+@pytest.mark.parametrize("R", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_returns_rows_keep_their_own_coefficients(build_spy, monkeypatch, R, dtype):
+    """Discounted returns with scalar or per-row γ and no mask take the fused
+    kernels (rows in pairs, an odd last row as both chains): each row keeps its
+    own γ and last_value, and the thread pool and the calling thread give the
+    same bits."""
+    from gaescan.backends import numba_cpu as nc
+
+    rng, r, _, d = _data(R, 2 * cpu._L + 37, seed=R, p=0.02)
+    r = r.astype(dtype)
+    per_row = rng.uniform(0.8, 1.0, (R, 1)).astype(dtype)
+    last = rng.standard_normal(R).astype(dtype)
+    for gamma in (0.9, 0.9999, per_row):
+        for dones in (None, d):
+            got = {}
+            for serial_max in (0, 1 << 30):
+                monkeypatch.setattr(nc, "SERIAL_MAX_STEPS", serial_max)
+                build_spy.clear()
+                got[serial_max] = gaescan.discounted_returns(r, gamma=gamma, dones=dones, last_value=last,
+                                                             backend="numba")
+                assert [k for k, _ in build_spy] == ["returns_rows_fused_1t" if serial_max else "returns_rows_fused"]
+            assert got[0].tobytes() == got[1 << 30].tobytes()
+            ref = gt.discounted_returns(r, gamma=gamma, dones=dones, last_value=last)
+            assert gt.assert_close(got[0], ref) <= gt.tolerance(dtype)
 
 
 # ----------------------------------------------- time-major general kernels
@@ -452,7 +479,9 @@ def test_returns_state_build_choice(build_spy, gamma, state, layout):
         r, kw = r.reshape(-1), {"cu_seqlens": np.array([0, 30, 100])}
         kernel = "returns_rows"
     else:
-        kernel = "returns_rows"
+        # scalar and per-row γ take the fused kernel (serial at this size), per-step γ the general one
+        per_step = isinstance(gamma, np.ndarray) and gamma.shape[1] > 1
+        kernel = "returns_rows" if per_step else "returns_rows_fused_1t"
     out = gaescan.discounted_returns(r, gamma=gamma, **kw, backend="numba")
     if layout == "packed" and isinstance(gamma, float):
         state = "f32" if gamma <= _F4_MAX else "f64"

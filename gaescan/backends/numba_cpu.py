@@ -286,6 +286,14 @@ def _gae_fast(p: GAEProblem, rows: Rows, prep: tuple) -> bool:
 def discounted_returns(p: ReturnsProblem) -> None:
     rows = p.rows
     r = _data(p.rewards, rows)
+    if rows.cu_seqlens is None and p.mask is None and not _sweep_time_major(rows, r):
+        gcol = _column(p.gamma, rows)
+        if gcol is not None:
+            kernel = cpu.returns_rows_fused_1t if rows.R * rows.T <= SERIAL_MAX_STEPS else cpu.returns_rows_fused
+            term = _NO_FLAGS if p.dones is None else _flag8(p.dones)
+            _run(kernel, _narrow(rows, p.gamma))(r, term, p.dones is not None, gcol, _bound(p.last_value, rows),
+                                                 p.returns)
+            return
     args = [r, _coeff(p.gamma, rows), _flag(p.dones, rows, False), _flag(p.mask, rows, True)]
     bound, zero = _bound(p.last_value, rows), rows.dtype.type(0)
     narrow = _narrow(rows, p.gamma)

@@ -247,7 +247,7 @@ def _renamed(func: Callable[..., Any], suffix: str, namespace: dict[str, Any]) -
 # float32 and each of these helpers is a copy compiled against that namespace.
 _STATE_HELPERS = ("_gae_at", "_ret_at", "_scan_at", "_gstep", "_mstep", "_nstep",
                   "_gae_span", "_gae_span2", "_ret_span", "_ret_span2",
-                  "_gae_pair", "_gae_unit")
+                  "_gae_pair", "_gae_unit", "_ret_pair", "_ret_unit")
 _F4_NAMESPACE: dict[str, Any] = {}
 
 
@@ -1093,3 +1093,65 @@ def gae_timemajor_next(rewards, values, next_values, term, trunc, gcol, lcol, ca
                 adv[t, c] = o
                 ret[t, c] = o + v
                 an[k] = a
+
+
+@njit(fastmath=_FM, nogil=True, cache=True)
+def _ret_pair(r, d, out, i, k, has_term, g0, g1, G0, G1):
+    """Discounted returns of rows ``i`` and ``k`` in one loop (two chains, as
+    :func:`_gae_pair`; ``k == i`` runs one row as both).  ``G = r`` at a done,
+    else ``r + γG``: a select, so a NaN stays inside its episode."""
+    T = r.shape[1]
+    ft = out.dtype.type
+    g0 = _f8(g0)
+    g1 = _f8(g1)
+    if has_term:
+        for j in range(T):
+            t = np.uint64(T - 1 - j)
+            x0 = _f8(r[i, t])
+            x1 = _f8(r[k, t])
+            y0 = x0 + g0 * G0
+            y1 = x1 + g1 * G1
+            G0 = x0 if d[i, t] != 0 else y0
+            G1 = x1 if d[k, t] != 0 else y1
+            out[i, t] = ft(G0)
+            out[k, t] = ft(G1)
+    else:
+        for j in range(T):
+            t = np.uint64(T - 1 - j)
+            G0 = _f8(r[i, t]) + g0 * G0
+            G1 = _f8(r[k, t]) + g1 * G1
+            out[i, t] = ft(G0)
+            out[k, t] = ft(G1)
+
+
+@njit(fastmath=_FM, nogil=True, cache=True)
+def _ret_unit(u, rewards, term, has_term, gcol, bound, out):
+    # Work unit u: rows 2u and 2u + 1, or the last row as both chains when R is odd.
+    i = 2 * np.int64(u)
+    k = i + 1 if i + 1 < rewards.shape[0] else i
+    _ret_pair(rewards, term, out, i, k, has_term, gcol[i], gcol[k], _f8(bound[i]), _f8(bound[k]))
+
+
+_RET_FUSED_SIGS = [
+    types.void(_ro(ft, 2), _U8A, _B, _ro(ft, 1), _ro(ft, 1), types.Array(ft, 2, "A"))
+    for ft in _FLOATS
+]
+
+
+@kernel(_RET_FUSED_SIGS, parallel=True, fastmath=_FM)
+def returns_rows_fused(rewards, term, has_term, gcol, bound, out):
+    """Batch-major discounted returns with scalar or per-row γ, without mask
+    or packing, any strides, rows in pairs (see :func:`_ret_pair`): the
+    general kernel's operations without its per-step reads of a broadcast γ
+    and a mask.  ``term`` is a uint8 view (nonzero = done), read only when
+    ``has_term``."""
+    for u in prange((rewards.shape[0] + 1) // 2):
+        _ret_unit(u, rewards, term, has_term, gcol, bound, out)
+
+
+@kernel(_RET_FUSED_SIGS, fastmath=_FM)
+def returns_rows_fused_1t(rewards, term, has_term, gcol, bound, out):
+    """:func:`returns_rows_fused` on the calling thread, for small problems
+    (same code, same bits)."""
+    for u in range((rewards.shape[0] + 1) // 2):
+        _ret_unit(u, rewards, term, has_term, gcol, bound, out)
