@@ -9,10 +9,11 @@ numba-cuda (and optionally PyTorch).  It
    (:func:`correctness_cases`), over the three shape regimes, dtypes,
    flags, masks, ``cu_seqlens``, layouts, CuPy and PyTorch inputs, ``out=``,
    bit-identical repeats, non-default streams and the absence of host syncs;
-2. times gaescan against a device-to-device copy of the same bytes (the
-   roofline), the serial loop on CuPy and the published chunk-scan on CuPy,
-   and ``vtrace`` and ``turn_gae`` against a copy of their bytes, with CUDA
-   events (median of several runs after warm-up).
+2. times gaescan, ``vtrace`` and ``turn_gae`` with CUDA events two ways, the
+   kernel alone (back-to-back calls queued behind a spin kernel, no host time
+   inside the span) and end to end (one call at a time, host included), plus
+   the host's time per call, against a device-to-device copy of the same bytes
+   (the roofline), the serial loop on CuPy and the published chunk-scan on CuPy.
 
 Every check is wrapped: a failure prints ``FAIL`` with the error and the run
 goes on; the exit status is non-zero if anything failed.  The whole run is
@@ -883,12 +884,185 @@ def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool, select: str | No
 
 
 # --------------------------------------------------------------------------- timing
+# Each benchmark call gets three figures, all on the current stream:
+#
+# * kernel alone (:func:`_kernel_alone`): the GPU time of back-to-back calls with
+#   no host time inside the timed span;
+# * end to end (:func:`_events_ms`): events around one call at a time, so the
+#   host's work before each launch is inside the span;
+# * host (:func:`_host_us`): the host's time per call of back-to-back calls.
+#
+# The device-to-device copy of the same bytes (:func:`_copy_timing`) is timed
+# like the kernel alone, so that ``kernel x copy`` compares two GPU times.
+
+# One thread busy-waits for ``cycles`` SM clock cycles.  Queued ahead of the timed
+# calls, it keeps the stream busy while the host enqueues them: the GPU reaches the
+# first timed call only once all of them are queued, so it runs them back to back
+# and the events around them hold GPU time only.
+SPIN_KERNEL_SRC = r"""
+extern "C" __global__ void gaescan_spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) { }
+}
+"""
+SPIN_CALIBRATION_CYCLES = 1_000_000  # length of the spin that measures the SM clock rate
+SPIN_MIN_MS = 2.0  # shortest spin queued ahead of the timed calls
+KERNEL_CALLS = 20  # back-to-back calls per kernel-alone timing
+HOST_BOUND = "host-bound"  # the figure of a kernel-alone timing the host did not keep up with
+
+
+def _host_clock() -> float:
+    """Host time in seconds.
+
+    The kernel-alone and host timings read the host clock through this function
+    only, so that a test can replace it with the clock of a simulated GPU.
+    """
+    return time.perf_counter()
+
+
+@functools.cache
+def _spin_kernel(cp: Any) -> Any:
+    """The :data:`SPIN_KERNEL_SRC` kernel, one per CuPy module, compiled and launched once.
+
+    CuPy compiles a raw kernel at its first launch: that launch, of zero cycles,
+    happens here, so that no timed span holds the compilation.
+    """
+    kernel = cp.RawKernel(SPIN_KERNEL_SRC, "gaescan_spin")
+    kernel((1,), (1,), (np.int64(0),))
+    return kernel
+
+
+def _spin_alone_ms(cp: Any, cycles: int) -> float:
+    """GPU time, in ms, of one spin of ``cycles`` cycles on the idle current stream (CUDA events)."""
+    s = cp.cuda.get_current_stream()
+    s.synchronize()
+    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+    e0.record(s)
+    _spin_kernel(cp)((1,), (1,), (np.int64(cycles),))
+    e1.record(s)
+    e1.synchronize()
+    return cp.cuda.get_elapsed_time(e0, e1)
+
+
+@dataclasses.dataclass(frozen=True)
+class QueuedTiming:
+    """One kernel-alone timing: ``calls`` back-to-back calls queued behind a spin kernel.
+
+    Attributes
+    ----------
+    total_ms : float
+        Event time from the end of the spin to the end of the last call.
+    calls : int
+        Number of timed calls.
+    host_ms : float
+        Host time from the spin's launch to the return of the last call.
+    spin_ms : float
+        GPU time of the spin, measured alone just before the timed calls.
+    tries : int
+        Number of timed runs made (the second one with a spin twice as long).
+    """
+
+    total_ms: float
+    calls: int
+    host_ms: float
+    spin_ms: float
+    tries: int
+
+    @property
+    def valid(self) -> bool:
+        """Whether the host had queued every call before the spin ended.
+
+        Otherwise the GPU waited for the host inside the timed span, and
+        ``total_ms`` holds host time.
+        """
+        return self.host_ms < self.spin_ms
+
+    @property
+    def ms(self) -> float | None:
+        """GPU time per call, in ms; ``None`` if the timing is not valid."""
+        return self.total_ms / self.calls if self.valid else None
+
+    @property
+    def figure(self) -> float | str:
+        """:attr:`ms`, or :data:`HOST_BOUND` if the timing is not valid (the form a table prints)."""
+        return self.total_ms / self.calls if self.valid else HOST_BOUND
+
+    def note(self) -> str:
+        """Why a timing is not valid: how long the host took to queue the calls against the spin."""
+        return (f"{HOST_BOUND}: the host took {self.host_ms:.2f} ms to queue {self.calls} calls, "
+                f"the spin ahead of them lasted {self.spin_ms:.2f} ms ({self.tries} tries)")
+
+
+def _kernel_alone(cp: Any, fn: Callable[[], Any], calls: int = KERNEL_CALLS, warm: int = 2,
+                  spin_ms: float | None = None) -> QueuedTiming:
+    """Time ``fn``'s GPU work alone: ``calls`` back-to-back calls queued behind a spin kernel.
+
+    The spin is enqueued first, then event ``e0``, the calls (no sync) and event
+    ``e1``; the time per call is ``elapsed(e0, e1) / calls``.  The host time from
+    the spin's launch to the last call's return is compared with the spin's own
+    GPU time, measured alone: if the host took longer, the GPU waited for it
+    inside the span, and the run is repeated once with a spin twice as long.
+
+    Parameters
+    ----------
+    cp : module
+        CuPy (or an object with the same ``cuda`` and ``RawKernel`` API).
+    fn : callable
+        One call; it enqueues its work on the current stream and does not synchronise.
+    calls : int
+        Number of timed calls.
+    warm : int
+        Untimed calls first (at least one); the fastest one's host time sizes the spin.
+    spin_ms : float, optional
+        Length of the first spin, in ms.  By default twice the host time of
+        ``calls`` warm-up calls, and at least :data:`SPIN_MIN_MS`.
+
+    Returns
+    -------
+    QueuedTiming
+        The last run made: the first valid one, or the second if neither is.
+    """
+    s = cp.cuda.get_current_stream()
+    host_per_call = []
+    for _ in range(max(warm, 1)):
+        t = _host_clock()
+        fn()
+        host_per_call.append((_host_clock() - t) * 1e3)
+    s.synchronize()
+    if spin_ms is None:
+        # The fastest warm-up call: the first one may include compilation.
+        spin_ms = max(SPIN_MIN_MS, 2 * calls * min(host_per_call))
+    cycles_per_ms = SPIN_CALIBRATION_CYCLES / _spin_alone_ms(cp, SPIN_CALIBRATION_CYCLES)
+    cycles = max(int(spin_ms * cycles_per_ms), 1)
+    spin = _spin_kernel(cp)
+    for tries in (1, 2):
+        spin_alone = _spin_alone_ms(cp, cycles)
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        t = _host_clock()
+        spin((1,), (1,), (np.int64(cycles),))
+        e0.record(s)
+        for _ in range(calls):
+            fn()
+        host_ms = (_host_clock() - t) * 1e3
+        e1.record(s)
+        e1.synchronize()
+        timing = QueuedTiming(cp.cuda.get_elapsed_time(e0, e1), calls, host_ms, spin_alone, tries)
+        if timing.valid:
+            break
+        cycles *= 2
+    return timing
 
 
 def _events_ms(cp: Any, fn: Callable[[], Any], reps: int = 10, warm: int = 2) -> float:
+    """End-to-end time of one call, in ms: median of CUDA events around each of ``reps`` calls.
+
+    The stream is idle when ``e0`` is recorded, so the span holds the host's work
+    before the launch as well as the GPU's.
+    """
     for _ in range(warm):
         fn()
     s = cp.cuda.get_current_stream()
+    s.synchronize()
     times = []
     for _ in range(reps):
         e0, e1 = cp.cuda.Event(), cp.cuda.Event()
@@ -904,26 +1078,78 @@ def _host_us(cp: Any, fn: Callable[[], Any], calls: int = 200) -> float:
     """Host time per call, in µs, of back-to-back calls (no sync in between)."""
     fn()
     cp.cuda.get_current_stream().synchronize()
-    t = time.perf_counter()
+    t = _host_clock()
     for _ in range(calls):
         fn()
-    us = (time.perf_counter() - t) / calls * 1e6
+    us = (_host_clock() - t) / calls * 1e6
     cp.cuda.get_current_stream().synchronize()
     return us
 
 
-def _copy_ms(cp: Any, n: int, per_step: int = 17) -> float:
-    """Median time of a device-to-device copy moving ``per_step`` bytes per step for ``n`` steps (the roofline;
-    GAE's 17 by default).
+def _copy_timing(cp: Any, n: int, per_step: int = 17) -> QueuedTiming:
+    """Kernel-alone timing of a device-to-device copy moving ``per_step`` bytes per step for ``n`` steps.
 
-    A copy of X bytes moves 2X (read and write): X = per_step·n/2.
+    This is the roofline (GAE's 17 bytes per step by default).  A copy of X bytes
+    moves 2X (read and write): X = per_step·n/2.
     """
     nbytes = (per_step * n) // 2
     src = cp.empty(nbytes, cp.uint8)
     dst = cp.empty(nbytes, cp.uint8)
     sp = cp.cuda.get_current_stream().ptr
-    return _events_ms(cp, lambda: cp.cuda.runtime.memcpyAsync(
+    return _kernel_alone(cp, lambda: cp.cuda.runtime.memcpyAsync(
         dst.data.ptr, src.data.ptr, nbytes, cp.cuda.runtime.memcpyDeviceToDevice, sp))
+
+
+def _timing_columns(cp: Any, fn: Callable[[], Any], n: int, per_step: int, e2e_reps: int = 10) -> dict:
+    """Kernel-alone, end-to-end and copy columns of one call that moves ``per_step`` bytes for each of ``n`` steps.
+
+    Returns
+    -------
+    dict
+        ``"gaescan ms"`` (end to end) and ``"GB/s"`` (its bandwidth),
+        ``"kernel ms"`` (kernel alone, or :data:`HOST_BOUND`), ``"copy ms"``,
+        and where the figures they need are valid ``"kernel GB/s"``,
+        ``"copy GB/s"``, ``"kernel x copy"`` and ``"e2e x copy"`` (copy time over the call's: fractions of the copy's speed);
+        ``"kernel note"`` / ``"copy note"`` say why a kernel-alone figure is not valid.
+    """
+    def gbs(ms: float) -> float:
+        return per_step * n / ms / 1e6
+
+    e2e = _events_ms(cp, fn, reps=e2e_reps)  # first: its warm-up calls compile
+    kern = _kernel_alone(cp, fn)
+    copy = _copy_timing(cp, n, per_step)
+    row: dict[str, Any] = {"gaescan ms": e2e, "GB/s": gbs(e2e), "kernel ms": kern.figure, "copy ms": copy.figure}
+    if kern.valid:
+        row["kernel GB/s"] = gbs(kern.ms)
+    else:
+        row["kernel note"] = kern.note()
+    if copy.valid:
+        row["copy GB/s"] = gbs(copy.ms)
+        row["e2e x copy"] = copy.ms / e2e
+        if kern.valid:
+            row["kernel x copy"] = copy.ms / kern.ms
+    else:
+        row["copy note"] = copy.note()
+    return row
+
+
+def _cell(x: Any, width: int = 11) -> str:
+    """One table cell: a float with three decimals (none past 10^4), anything else as text, ``-`` if absent."""
+    if isinstance(x, float):
+        return f"{x:{width}.3f}" if x < 1e4 else f"{x:{width}.0f}"
+    return f"{x!s:>{width}}" if x is not None else f"{'-':>{width}}"
+
+
+TIMING_HELP = (
+    "kernel ms   = GPU time per call with no host time in it: {calls} calls queued back to back behind a\n"
+    "              spin kernel (long enough to cover the host's enqueueing), CUDA events around the {calls},\n"
+    "              divided by {calls}.  '" + HOST_BOUND + "' = the host needed longer to queue the calls than the\n"
+    "              spin lasted, even with the spin doubled: no valid figure.\n"
+    "e2e ms      = end to end: CUDA events around one call at a time from an idle stream (median), the\n"
+    "              host's work before the launch included.\n"
+    "copy ms     = device-to-device copy of the same bytes (the roofline), timed like kernel ms.\n"
+    "kernel frac = copy ms / kernel ms; e2e frac = copy ms / e2e ms (fractions of the copy's speed: 1 = at the roofline)."
+).format(calls=KERNEL_CALLS)
 
 
 def _gae_arrays(cp: Any, rng: Any, shape: tuple, p_done: float) -> tuple:
@@ -965,6 +1191,7 @@ def _rev_discount(cp: Any, x: Any, c: Any, C: int) -> Any:
 
 
 def benchmarks(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
+    """Time GAE on the CUDA backend (kernel alone, end to end, host) against a copy and the baselines."""
     try:
         from gaescan.bench import baselines
     except Exception:  # noqa: BLE001
@@ -983,13 +1210,7 @@ def benchmarks(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
         def f():
             return gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, axis=axis, out=(a0, r0), backend="cuda")
 
-        t_g = _events_ms(cp, f)
-        row["gaescan ms"] = t_g
-        row["GB/s"] = 17 * n / t_g / 1e6
-        t_c = _copy_ms(cp, n)
-        row["copy ms"] = t_c
-        row["copy GB/s"] = 17 * n / t_c / 1e6
-        row["frac"] = t_c / t_g
+        row.update(_timing_columns(cp, f, n, 17))
         if B * T <= 2**20:  # small problems are host-bound
             from gaescan.backends import cuda as cb
 
@@ -1043,30 +1264,30 @@ def benchmarks(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
         rows.append(row)
         cp.get_default_memory_pool().free_all_blocks()
 
-    def fmt(x):
-        if isinstance(x, float):
-            return f"{x:10.3f}" if x < 1e4 else f"{x:10.0f}"
-        return f"{x!s:>10}" if x is not None else f"{'-':>10}"
-
-    cols = ["gaescan ms", "GB/s", "copy ms", "copy GB/s", "frac", "host us/call", "host us direct",
-            "host us raw", "serial ms", "numpy-backend ms", "CxC chunk ms", "published chunk ms"]
-    heads = ["cuda ms", "GB/s", "copy ms", "copy GB/s", "frac", "host us", "host direct", "host raw",
-             "serial ms", "numpy-bk ms", "CxC ms", "publ. ms"]
+    cols = ["kernel ms", "kernel GB/s", "gaescan ms", "host us/call", "host us direct", "host us raw",
+            "copy ms", "copy GB/s", "kernel x copy", "e2e x copy", "serial ms", "numpy-backend ms", "CxC chunk ms",
+            "published chunk ms"]
+    heads = ["kernel ms", "kernel GB/s", "e2e ms", "host us", "host direct", "host raw", "copy ms", "copy GB/s",
+             "kernel frac", "e2e frac", "serial ms", "numpy-bk ms", "CxC ms", "publ. ms"]
     print()
-    print("GAE float32 with dones (17 bytes/step: 4 r + 4 V + 1 done read, 4 adv + 4 ret written).")
-    print("copy = cudaMemcpyAsync device-to-device of 17N/2 bytes (17N bytes of traffic) = the roofline;")
-    print("frac = copy time / gaescan time.  serial = CuPy loop over time (vectorised over batch).")
-    print("CxC chunk = local C=256 kernel-matmul chunk scan (constant gamma*lam, NO dones: not the same")
-    print("problem, a speed reference).  published chunk = gaescan.bench.baselines.chunk_scan_gae (no dones).")
-    print("numpy-bk = gaescan.gae(..., backend='numpy') on the same CuPy arrays (with dones).")
-    print("host us = host time per call of back-to-back small calls; host direct / host raw = the same")
-    print("with the experimental direct_launch (no Numba launch configuration per call) / raw_launch")
-    print("(parameters packed in Python, cuLaunchKernel through CuPy) tunables.")
-    print(f"{'shape':<26s}" + "".join(f"{h:>11s}" for h in heads))
+    print("GAE float32 with dones on the cuda backend, N = B*T steps (17 bytes/step: 4 r + 4 V + 1 done read,")
+    print("4 adv + 4 ret written).")
+    print(TIMING_HELP)
+    print("kernel GB/s / copy GB/s = 17N bytes / kernel ms / copy ms (the copy moves 17N/2 bytes: 17N of traffic).")
+    print("host us     = host time per call of 200 back-to-back calls (shapes up to 2^20 steps); host direct /")
+    print("              host raw = the same with the experimental direct_launch (no Numba launch configuration")
+    print("              per call) / raw_launch (parameters packed in Python, cuLaunchKernel through CuPy) tunables.")
+    print("serial      = CuPy loop over time (vectorised over batch), CUDA events, end to end.")
+    print("numpy-bk    = gaescan.gae(..., backend='numpy') on the same CuPy arrays (with dones), end to end.")
+    print("CxC         = local C=256 kernel-matmul chunk scan (constant gamma*lam, NO dones: not the same")
+    print("              problem, a speed reference), end to end.")
+    print("publ.       = gaescan.bench.baselines.chunk_scan_gae (no dones), end to end.")
+    print(f"{'shape':<26s}" + "".join(f"{h:>12s}" for h in heads))
     for row in rows:
-        print(f"{row['shape']:<26s}" + "".join(" " + fmt(row.get(c)) for c in cols))
-        if row.get("serial note"):
-            print(f"{'':<26s} serial: {row['serial note']}")
+        print(f"{row['shape']:<26s}" + "".join(" " + _cell(row.get(c)) for c in cols))
+        for key in ("kernel note", "copy note", "serial note"):
+            if row.get(key):
+                print(f"{'':<26s} {key.split()[0]}: {row[key]}")
     try:
         from gaescan.backends import cuda as cb
 
@@ -1084,41 +1305,45 @@ def benchmarks(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
     sweep(cp, gaescan, quick, budget)
 
 
-# Bytes per step that vtrace (r, V, log ρ, a done flag read; vs, advantages written, float32) and
-# turn_gae (r, V, int32 ids, a mask flag read; advantages, returns written) must move at least.
-PIPELINE_BYTES = {"vtrace": 21, "turn_gae": 21}
+# Bytes per step that each function of :func:`pipeline_bench` must move at least: GAE 17
+# (see :func:`benchmarks`); vtrace 21 (r, V, log ρ, a done flag read; vs, advantages
+# written, float32); turn_gae 21 (r, V, int32 ids, a mask flag read; advantages, returns written).
+PIPELINE_BYTES = {"gae": 17, "vtrace": 21, "turn_gae": 21}
+PIPELINE_COLS = ["kernel ms", "kernel GB/s", "gaescan ms", "copy ms", "kernel x copy", "e2e x copy"]
+PIPELINE_HEADS = ["kernel ms", "kernel GB/s", "e2e ms", "copy ms", "kernel frac", "e2e frac"]
 
 
 def _pipeline_row(cp: Any, gaescan: Any, rng: Any, label: str, B: int, T: int) -> None:
-    """Time and print one shape of :func:`pipeline_bench`."""
+    """Time and print one shape of :func:`pipeline_bench`: one line per function."""
     r, v, d, a0, r0 = _gae_arrays(cp, rng, (B, T), 0.001)
     lr = cp.asarray(0.5 * rng.standard_normal((B, T), dtype=np.float32))
     ids = cp.asarray(np.cumsum(rng.random((B, T)) < 1 / 300, axis=1).astype(np.int32))
     mask = cp.asarray(rng.random((B, T)) > 0.2)
     calls = {
+        "gae": lambda: gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, out=(a0, r0), backend="cuda"),
         "vtrace": lambda: gaescan.vtrace(r, v, lr, gamma=0.99, dones=d, out=(a0, r0), backend="cuda"),
         "turn_gae": lambda: gaescan.turn_gae(r, v, ids, gamma=0.99, lam=0.95, mask=mask, out=(a0, r0),
                                              backend="cuda"),
     }
-    t_gae = _events_ms(cp, lambda: gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, out=(a0, r0), backend="cuda"))
     for fn, call in calls.items():
-        t = _events_ms(cp, call, reps=5)
-        t_c = _copy_ms(cp, B * T, PIPELINE_BYTES[fn])
-        print(f"{label:<18s}{fn:>10s}{t:10.3f}{PIPELINE_BYTES[fn] * B * T / t / 1e6:10.1f}{t_c:10.3f}"
-              f"{t_c / t:8.3f}{t_gae:10.3f}", flush=True)
+        row = _timing_columns(cp, call, B * T, PIPELINE_BYTES[fn], e2e_reps=5)
+        print(f"{label:<18s}{fn:>10s}" + "".join(" " + _cell(row.get(c)) for c in PIPELINE_COLS), flush=True)
+        for key in ("kernel note", "copy note"):
+            if row.get(key):
+                print(f"{'':<28s} {key.split()[0]}: {row[key]}")
 
 
 def pipeline_bench(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
-    """vtrace and turn_gae on CuPy against a device-to-device copy of their bytes, and GAE of the same shape."""
+    """gae, vtrace and turn_gae on CuPy, kernel alone and end to end, against a copy of their bytes."""
     rng = np.random.default_rng(11)
     shapes = [("B=256 T=16384", 256, 16384), ("B=4 T=2^21", 4, 2**21), ("B=4096 T=256", 4096, 256)]
     if quick:
         shapes = [("B=64 T=16384", 64, 16384)]
     print()
-    print("vtrace (dones) and turn_gae (mask, int32 ids), float32, on CuPy arrays: CUDA events, median.")
-    print(f"copy = device-to-device copy of the bytes each must move ({PIPELINE_BYTES} per step); "
-          "frac = copy / call; gae = gaescan.gae (dones) of the same shape.")
-    print(f"{'shape':<18s}{'function':>10s}{'ms':>10s}{'GB/s':>10s}{'copy ms':>10s}{'frac':>8s}{'gae ms':>10s}")
+    print("gae (dones), vtrace (dones) and turn_gae (mask, int32 ids), float32, on CuPy arrays.")
+    print(TIMING_HELP)
+    print(f"kernel GB/s = bytes each must move per step ({PIPELINE_BYTES}) x B*T / kernel ms.")
+    print(f"{'shape':<18s}{'function':>10s}" + "".join(f"{h:>12s}" for h in PIPELINE_HEADS))
     for label, B, T in shapes:
         if _elapsed() > budget:
             print(f"SKIP  pipeline bench {label}: past the {budget:.0f}s budget")
@@ -1134,7 +1359,10 @@ def pipeline_bench(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
 
 
 def access_probe(cp: Any, quick: bool) -> None:
-    """GAE's 17 bytes per step moved by elementwise kernels (no scan): the access pattern's own cost."""
+    """GAE's 17 bytes per step moved by elementwise kernels (no scan): the access pattern's own cost.
+
+    The probes and the copy are timed kernel alone (:func:`_kernel_alone`).
+    """
     from gaescan.backends import cuda as cb
     from gaescan.bench import _probe
 
@@ -1143,11 +1371,14 @@ def access_probe(cp: Any, quick: bool) -> None:
     r, v, d, o1, o2 = _gae_arrays(cp, rng, (n,), 0.001)
     args = [cb._device_view(x) for x in (r, v, d, o1, o2)]
     stream = cb._stream(cb.current_stream_ptr())
-    t_copy = _copy_ms(cp, n)
+    t_copy = _copy_timing(cp, n).ms
     print()
     print(f"access-pattern probe: r, v, done in, two float32 out (17 bytes/step), N=2^{n.bit_length() - 1}, "
-          "elementwise (no scan); frac = copy time / probe time")
-    print(f"  {'D2D copy of the same bytes':<40s} {t_copy:8.3f} ms {17 * n / t_copy / 1e6:7.0f} GB/s")
+          "elementwise (no scan), kernel alone; frac = copy time / probe time")
+    if t_copy is None:
+        print(f"  {'D2D copy of the same bytes':<40s} {HOST_BOUND}")
+    else:
+        print(f"  {'D2D copy of the same bytes':<40s} {t_copy:8.3f} ms {17 * n / t_copy / 1e6:7.0f} GB/s")
     probes = [("coalesced, one thread per step", "coalesced", 8, 0), ("coalesced, grid-stride 16 blocks/SM",
               "coalesced", 8, 16), ("owned K=4 consecutive steps per thread", "owned", 4, 0),
               ("owned K=8 (the scan kernels' default)", "owned", 8, 0), ("owned K=16", "owned", 16, 0)]
@@ -1155,12 +1386,15 @@ def access_probe(cp: Any, quick: bool) -> None:
     want2 = np.where(_h(d[:4096]), _h(r[:4096]), want1 + _h(v[:4096]))
     for label, which, K, bps in probes:
         o1.fill(np.nan)
-        t = _events_ms(cp, lambda which=which, K=K, bps=bps: _probe.launch(
-            which, *args, K=K, stream=stream, blocks_per_sm=bps))
+        t = _kernel_alone(cp, lambda which=which, K=K, bps=bps: _probe.launch(
+            which, *args, K=K, stream=stream, blocks_per_sm=bps)).ms
         ok = np.array_equal(_h(o1[:4096]), want1) and np.array_equal(_h(o2[:4096]), want2) \
             and bool(cp.all(cp.isfinite(o1)))
-        print(f"  {label:<40s} {t:8.3f} ms {17 * n / t / 1e6:7.0f} GB/s  frac {t_copy / t:.2f}"
-              f"{'' if ok else '  WRONG OUTPUT'}")
+        if t is None:
+            txt = f"{HOST_BOUND:>11s}"
+        else:
+            txt = f"{t:8.3f} ms {17 * n / t / 1e6:7.0f} GB/s" + (f"  frac {t_copy / t:.2f}" if t_copy else "")
+        print(f"  {label:<40s} {txt}{'' if ok else '  WRONG OUTPUT'}")
         if not ok:
             RESULTS.append(("FAIL", f"access-pattern probe {label}", "wrong output"))
 
