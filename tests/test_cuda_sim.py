@@ -834,3 +834,286 @@ def test_gpu_check_access_probes(which, K):
     assert np.array_equal(o2, np.where(d, r, delta + v))
     with pytest.raises(ValueError, match="unknown probe"):
         _probe.launch("other", r, v, d, o1, o2)
+
+
+# --------------------------------------------------------------------------- 16-byte accesses
+
+# OPT_VECTOR reads a thread's K steps VW (= 16 // itemsize) at a time and stores the
+# staged outputs VW at a time; the backend sets it where K and T are multiples of VW
+# (here: k=4 float32, k_f64=2 float64).  Tiles of 8 threads x 4 steps: rows of 72 steps
+# cross tiles (and partial tiles), rows cross blocks.
+VROWS = dict(threads=8, k=4, k_f64=2, rows_min_blocks=1)
+VLOOKBACK = dict(VROWS, rows_min_blocks=10**9)
+VECTOR_GEOMETRIES = [
+    ("rows", VROWS),
+    ("rows-prefetch", dict(VROWS, prefetch=True)),
+    # RW=1, TW=64: two warps of 32 time-threads, 16-byte stores of 128-step runs.
+    ("rows-2warps", dict(threads=64, k=4, k_f64=2, rows_min_blocks=1)),
+    # Short rows, several per block (and one past the last row): 8 time-threads per warp.
+    ("rows-4rows", dict(threads=32, k=4, k_f64=2, rows_min_blocks=1)),
+    # The look-back driver shares the load and store code.
+    ("lookback", VLOOKBACK),
+    ("lookback-fast", dict(VLOOKBACK, fast_lookback=True)),
+    ("longwalk", dict(VLOOKBACK, debug_skip_incl=True)),
+]
+
+
+def _vector_problem(name, rng):
+    """(call, oracle) of one problem whose rows allow 16-byte accesses (T a multiple of 4)."""
+    if name in ("gae-dones", "gae-next-values", "gae-packed", "returns-mask", "scan-forward", "scan-reverse"):
+        return _problem(name, rng)
+    R, T = 3, 40
+    f = np.float32
+    if name == "gae-dones-f64":
+        r, v = rng.standard_normal((R, T)), rng.standard_normal((R, T))
+        d = rng.random((R, T)) < 0.1
+        lv = rng.standard_normal(R)
+        return (lambda tun: run_gae(tun, np.float64, r, v, 0.97, 0.9, term=d, lv=lv),
+                lambda: gae_oracle(r, v, 0.97, 0.9, term=d, lv=lv))
+    if name == "gae-next-values-f64-mask":
+        r, v, nv = (rng.standard_normal((R, T)) for _ in range(3))
+        term = (rng.random((R, T)) < 0.08).astype(np.float32)
+        trunc = rng.random((R, T)) < 0.08
+        m = rng.random((R, T)) < 0.85
+        return (lambda tun: run_gae(tun, np.float64, r, v, 0.99, 0.95, nv=nv, term=term, trunc=trunc, mask=m),
+                lambda: gae_oracle(r, v, 0.99, 0.95, nv=nv, term=term, trunc=trunc, mask=m))
+    r, v = rng.standard_normal((R, T)).astype(f), rng.standard_normal((R, T)).astype(f)
+    d = rng.random((R, T)) < 0.1
+    if name == "gae-mask-coeff-arrays":
+        m = rng.random((R, T)) < 0.7
+        m[1, :] = False  # a fully masked row
+        m[2, -5:] = False  # a masked tail
+        r[~m] = np.nan  # masked inputs are never used (16-byte loads read them)
+        v[~m] = np.nan
+        g = rng.uniform(0.8, 1.0, (R, T)).astype(f)  # per step
+        lam = np.broadcast_to(np.array([[0.9], [0.5], [1.0]], dtype=f), (R, T))  # per row
+        lv = np.array([0.5, -1.0, 2.0], dtype=f)
+        return (lambda tun: run_gae(tun, f, r, v, g, lam, term=d, mask=m, lv=lv),
+                lambda: gae_oracle(r, v, g, lam, term=d, mask=m, lv=lv))
+    if name == "gae-truncated-only":
+        nv = rng.standard_normal((R, T)).astype(f)
+        tr = rng.random((R, T)) < 0.2
+        return (lambda tun: run_gae(tun, f, r, v, 0.9, 0.7, nv=nv, trunc=tr),
+                lambda: gae_oracle(r, v, float(f(0.9)), float(f(0.7)), nv=nv, trunc=tr))
+    if name == "gae-nan-after-done":
+        dd = np.zeros((R, T), dtype=bool)
+        dd[:, 11] = True
+        r[:, 20] = np.nan  # after the done: the episode [0, 11] stays finite
+        v[:, 12] = np.inf  # the value right after the terminal step is not bootstrapped
+        return (lambda tun: run_gae(tun, f, r, v, 0.99, 0.95, term=dd),
+                lambda: gae_oracle(r, v, float(f(0.99)), float(f(0.95)), term=dd))
+    if name == "gae-packed-mask-nan":
+        # Empty segments, a one-step segment, segments crossing 16-byte groups and tiles.
+        cu = np.array([0, 0, 3, 3, 4, 25, 31, 31, 44, 44, 60], dtype=np.int64)
+        rp, vp = rng.standard_normal((1, 60)).astype(f), rng.standard_normal((1, 60)).astype(f)
+        rp[0, 10] = np.nan  # poisons segment 4 only
+        dp = rng.random((1, 60)) < 0.1
+        mp = rng.random((1, 60)) < 0.8
+        lv = rng.standard_normal(len(cu) - 1).astype(f)
+        return (lambda tun: run_gae(tun, f, rp, vp, 0.95, 0.9, term=dp, mask=mp, lv=lv, cu=cu),
+                lambda: gae_oracle(rp, vp, float(f(0.95)), float(f(0.9)), term=dp, mask=mp, lv=lv, cu=cu))
+    if name == "returns-packed-f64":
+        cu = np.array([0, 5, 5, 26, 27, 40], dtype=np.int64)
+        rr = rng.standard_normal((1, 40))
+        dd = rng.random((1, 40)) < 0.1
+        lv = rng.standard_normal(5)
+
+        def call(tun):
+            out = np.full((1, 40), np.nan)
+            p = ReturnsProblem(rows=rows_of(np.float64, 1, 40, cu), rewards=rr, dones=dd, mask=None,
+                               gamma=0.9, last_value=lv, returns=out)
+            with cb.override(**tun):
+                cb.discounted_returns(p)
+            return (out,)
+        return call, lambda: (returns_oracle(rr, 0.9, dones=dd, lv=lv, cu=cu),)
+    if name == "scan-forward-f64":
+        a, b = rng.uniform(-1.05, 1.05, (R, T)), rng.standard_normal((R, T))
+        init = rng.standard_normal(R)
+
+        def call(tun):
+            out = np.full((R, T), np.nan)
+            p = ScanProblem(rows=rows_of(np.float64, R, T), a=a, b=b, reverse=False, initial=init, out=out)
+            with cb.override(**tun):
+                cb.linear_scan(p)
+            return (out,)
+        return call, lambda: (scan_oracle(a, b, False, init),)
+    raise AssertionError(name)
+
+
+VECTOR_PROBLEMS = ["gae-dones", "gae-dones-f64", "gae-next-values", "gae-next-values-f64-mask",
+                   "gae-mask-coeff-arrays", "gae-truncated-only", "gae-nan-after-done", "gae-packed",
+                   "gae-packed-mask-nan", "returns-mask", "returns-packed-f64", "scan-forward",
+                   "scan-reverse", "scan-forward-f64"]
+# Every problem in the plain rows driver; the other geometries on a few (the simulator is slow).
+_VECTOR_SOME = {"rows-prefetch": ["gae-dones", "gae-next-values-f64-mask", "gae-packed-mask-nan",
+                                  "returns-mask", "scan-forward"],
+                "rows-2warps": ["gae-dones", "gae-mask-coeff-arrays", "scan-forward"],
+                "rows-4rows": ["gae-dones-f64", "gae-next-values", "scan-forward"],
+                "lookback": ["gae-dones", "gae-next-values-f64-mask", "gae-packed-mask-nan", "scan-forward"],
+                "lookback-fast": ["gae-dones", "gae-packed", "scan-forward"],
+                "longwalk": ["gae-dones", "scan-reverse"]}
+VECTOR_CASES = [(g, p) for g in VECTOR_GEOMETRIES for p in _VECTOR_SOME.get(g[0], VECTOR_PROBLEMS)]
+
+
+@pytest.mark.parametrize("geom,problem", VECTOR_CASES, ids=[f"{g[0]}-{p}" for g, p in VECTOR_CASES])
+def test_vector_access(geom, problem, launched):
+    # The oracle's numbers, and the element accesses' bits: only the instructions differ.
+    from gaescan.kernels import cuda as kern
+
+    tun = geom[1]
+    rng = np.random.default_rng(VECTOR_PROBLEMS.index(problem))
+    call, oracle = _vector_problem(problem, rng)
+    got = call(dict(tun, vector_access=True))
+    assert launched and all(o & kern.OPT_VECTOR for o in launched), "16-byte accesses were not compiled in"
+    if tun.get("prefetch"):
+        assert all(o & kern.OPT_PREFETCH for o in launched)
+    launched.clear()
+    want = call(dict(tun, vector_access=False))
+    assert launched and not any(o & kern.OPT_VECTOR for o in launched)
+    dt = got[0].dtype
+    for x, w, e in zip(got, want, oracle(), strict=True):
+        close(x, e, dt)
+        assert x.tobytes() == w.tobytes(), "16-byte accesses changed the bits"
+    if problem == "gae-nan-after-done":
+        assert np.all(np.isfinite(got[0][:, :12])) and np.all(np.isfinite(got[1][:, :12]))
+    if problem == "gae-packed-mask-nan":
+        assert np.all(np.isfinite(got[0][0, :4])) and np.all(np.isfinite(got[0][0, 25:]))
+
+
+class _CAI:
+    """An array known only by its ``__cuda_array_interface__`` (a pointer, no memory)."""
+
+    def __init__(self, ptr, shape, dtype=np.float32, strides=None):
+        self.__cuda_array_interface__ = dict(data=(ptr, False), shape=tuple(shape), strides=strides,
+                                             typestr=np.dtype(dtype).str, version=3)
+
+
+class _CuPyLike:
+    """An array known by CuPy's attributes (``data.ptr``, ``dtype``, ``shape``, ``strides``)."""
+
+    def __init__(self, ptr, shape, dtype=np.float32, strides=None):
+        from types import SimpleNamespace
+
+        it = np.dtype(dtype).itemsize
+        self.data = SimpleNamespace(ptr=ptr)
+        self.dtype, self.shape = np.dtype(dtype), tuple(shape)
+        self.strides = strides if strides is not None else (shape[1] * it, it)
+
+
+@pytest.mark.parametrize("cls", [_CAI, _CuPyLike])
+def test_vector_ok_reads_pointers_and_strides(cls):
+    ok = cb.vector_ok
+    base = 1 << 20  # 256-byte aligned, as CUDA allocations are
+    f4 = np.float32
+    # C-contiguous rows of 36 float32 (144 bytes: every row on a 16-byte boundary).
+    assert ok([cls(base, (3, 36)), cls(base + 4096, (3, 36)), None], f4)
+    assert ok([cls(base + 16, (3, 36))], f4)
+    assert not ok([cls(base, (3, 36)), cls(base + 4, (3, 36))], f4)  # one base pointer off by 4 bytes
+    assert not ok([cls(base + 8, (3, 36))], f4)
+    # Padded rows: a row stride that is a multiple of 16 bytes is fine, any other is not.
+    assert ok([cls(base, (3, 36), strides=(160, 4))], f4)
+    assert not ok([cls(base, (3, 36), strides=(148, 4))], f4)
+    assert ok([cls(base, (1, 36), strides=(148, 4))], f4)  # one row: its stride is never used
+    # Time not contiguous: strided, time-major, broadcast, reversed.
+    assert not ok([cls(base, (3, 36), strides=(288, 8))], f4)
+    assert not ok([cls(base, (3, 36), strides=(4, 12))], f4)
+    assert not ok([cls(base, (3, 36), strides=(0, 0))], f4)
+    assert not ok([cls(base + 140, (3, 36), strides=(144, -4))], f4)
+    # Element types: every array must hold the compute dtype.
+    assert not ok([cls(base, (3, 36), np.float16)], f4)
+    assert not ok([cls(base, (3, 36)), cls(base, (3, 36), np.float64)], f4)
+    assert ok([cls(base, (3, 36), np.float64)], np.float64)
+    assert not ok([cls(base, (3, 36))], np.float64)
+    # Not 2-D, or nothing to check.
+    assert not ok([cls(base, (3, 36, 1), strides=(144, 4, 4))], f4)
+    assert not ok([None, None], f4)
+
+
+def test_vector_steps_needs_whole_16_byte_groups():
+    assert cb.vector_steps(np.float32, 40, 8) and cb.vector_steps(np.float32, 4, 4)
+    assert not cb.vector_steps(np.float32, 42, 8)  # T
+    assert not cb.vector_steps(np.float32, 40, 2) and not cb.vector_steps(np.float32, 40, 6)  # K
+    assert cb.vector_steps(np.float64, 42, 2) and not cb.vector_steps(np.float64, 41, 2)
+    assert not cb.vector_steps(np.float64, 42, 3)
+    assert not cb.vector_steps(np.float16, 64, 8)
+
+
+def _aligned(shape, dtype, offset_bytes=0):
+    """A C-contiguous NumPy array whose data starts ``offset_bytes`` past a 16-byte boundary."""
+    it = np.dtype(dtype).itemsize
+    n = int(np.prod(shape))
+    buf = np.zeros(n + 64 // it, dtype=dtype)
+    skip = (-buf.ctypes.data % 16 + offset_bytes) // it
+    return buf[skip:skip + n].reshape(shape)
+
+
+@pytest.mark.parametrize("case", ["aligned", "aligned-f64", "tunable-off", "f16-inputs", "T-not-multiple",
+                                  "K-not-multiple", "misaligned-rewards", "misaligned-output",
+                                  "strided-values", "time-major", "coalesced-loads", "shared-steps"])
+def test_vector_access_only_where_valid(case, launched):
+    # The backend sets OPT_VECTOR only where every 16-byte access is valid; elsewhere
+    # the element accesses run, with the oracle's numbers.
+    from gaescan.kernels import cuda as kern
+
+    R, T = 2, 40
+    dt = np.float64 if case == "aligned-f64" else np.float32
+    tun = dict(VROWS)
+    rng = np.random.default_rng(24)
+    r, v = _aligned((R, T), dt), _aligned((R, T), dt)
+    r[...] = rng.standard_normal((R, T))
+    v[...] = rng.standard_normal((R, T))
+    d = rng.random((R, T)) < 0.1
+    out_off = 0
+    if case == "tunable-off":
+        tun["vector_access"] = False
+    elif case == "f16-inputs":
+        r, v = r.astype(np.float16), v.astype(np.float16)
+    elif case == "T-not-multiple":
+        r, v, d = r[:, :38].copy(), v[:, :38].copy(), d[:, :38]
+    elif case == "K-not-multiple":
+        tun["k"] = 2
+    elif case == "misaligned-rewards":
+        r2 = _aligned((R, T), dt, 4)
+        r2[...] = r
+        r = r2
+    elif case == "misaligned-output":
+        out_off = 4
+    elif case == "strided-values":
+        v = np.repeat(v, 2, axis=1)[:, ::2]
+    elif case == "time-major":
+        r, v = np.ascontiguousarray(r.T).T, np.ascontiguousarray(v.T).T
+    elif case == "coalesced-loads":
+        tun["coalesced_loads"] = True
+    elif case == "shared-steps":
+        tun["shared_steps"] = True
+    T = r.shape[1]
+    adv, ret = _aligned((R, T), dt, out_off), _aligned((R, T), dt)
+    p = GAEProblem(rows=rows_of(dt, R, T), rewards=r, values=v, next_values=None, terminated=d,
+                   truncated=None, mask=None, gamma=float(dt(0.97)), lam=float(dt(0.9)), last_value=0.5,
+                   advantages=adv, returns=ret)
+    with cb.override(**tun):
+        cb.gae(p)
+    ea, er = gae_oracle(r.astype(np.float64), v.astype(np.float64), float(dt(0.97)), float(dt(0.9)),
+                        term=d, lv=0.5)
+    close(adv, ea, dt)
+    close(ret, er, dt)
+    assert len(launched) == 1
+    assert bool(launched[0] & kern.OPT_VECTOR) == case.startswith("aligned")
+
+
+def test_plan_reports_vector_access():
+    # plan(vector=True): arrays that allow 16-byte accesses (fresh contiguous allocations).
+    from gaescan.kernels import cuda as kern
+
+    assert not cb.plan(256, 131072)["opts"] & kern.OPT_VECTOR
+    p = cb.plan(256, 131072, vector=True)
+    assert p["opts"] & kern.OPT_VECTOR and p["options"] == "vector_access"
+    assert cb.plan(256, 131072, np.float64, vector=True)["opts"] & kern.OPT_VECTOR
+    assert not cb.plan(256, 131072, time_major=True, vector=True)["opts"] & kern.OPT_VECTOR
+    assert not cb.plan(256, 131070, vector=True)["opts"] & kern.OPT_VECTOR
+    with cb.override(vector_access=False):
+        assert not cb.plan(256, 131072, vector=True)["opts"] & kern.OPT_VECTOR
+    with cb.override(shared_steps=True):
+        assert not cb.plan(256, 131072, vector=True)["opts"] & kern.OPT_VECTOR
+    with cb.override(k=2):
+        assert not cb.plan(256, 131072, vector=True)["opts"] & kern.OPT_VECTOR

@@ -210,6 +210,25 @@ def _cases():
                 np.float32, np.float32, np.bool_, None, SH | FL | P))
     out.append(("returns-lookback-fast+shared-float32<-float32-mask+packed", kern.RET, kern.MODE_LOOKBACK,
                 False, np.float32, np.float32, np.bool_, None, SH | FL | M | P))
+    # 16-byte loads and stores (float32: v4, float64: v2) with the features that change
+    # their code: forward time, next values, masks and packed rows, the prefetch, the
+    # fast look-back.  (The backend's default kernels for GAE with dones are checked by
+    # test_chosen_kernel_uses_16_byte_accesses and the sweep.)
+    V = kern.OPT_VECTOR
+    out += [("gae-rows-vector-float64<-float64", kern.GAE_V, kern.MODE_ROWS, False,
+             np.float64, np.float64, np.bool_, None, V),
+            ("scan_fwd-rows-vector-float32<-float32", kern.SCAN, kern.MODE_ROWS, True,
+             np.float32, np.float32, np.bool_, None, V),
+            ("gae-rows-vector-float32<-float32-mask+packed", kern.GAE_V, kern.MODE_ROWS, False,
+             np.float32, np.float32, np.bool_, None, V | M | P),
+            ("gae-rows-prefetch+vector-float32<-float32", kern.GAE_V, kern.MODE_ROWS, False,
+             np.float32, np.float32, np.bool_, None, V | PF),
+            ("gae_next-lookback-vector-float32<-float32", kern.GAE_NEXT, kern.MODE_LOOKBACK, False,
+             np.float32, np.float32, np.bool_, None, V),
+            ("returns-lookback-vector-float32<-float32-mask", kern.RET, kern.MODE_LOOKBACK, False,
+             np.float32, np.float32, np.bool_, None, V | M),
+            ("gae-lookback-fast+vector-float32<-float32", kern.GAE_V, kern.MODE_LOOKBACK, False,
+             np.float32, np.float32, np.bool_, None, V | FL)]
     return out
 
 
@@ -334,6 +353,9 @@ def _compile_and_check(case, cc, layout):
         need, absent = ("bar.sync", "exch.b64", "vote.sync.ballot", "shfl.sync.idx"), ("membar", "fence.")
     else:
         need, absent = ("bar.sync", "atom.global", "membar.gl"), ()
+    if ct & kern.OPT_VECTOR:
+        vec = "v4.f32" if np.dtype(out) == np.float32 else "v2.f64"
+        need += (f"ld.global.nc.{vec}", f"st.global.{vec}")
     for op in need:
         assert op in ptx, f"{op} missing from the PTX of {name}"
     for op in absent:
@@ -350,6 +372,45 @@ def _compile_and_check(case, cc, layout):
     assert regs, f"no register report from ptxas:\n{info}"
     assert sum(stores) == 0 and sum(loads) == 0, f"local-memory spills in {name}:\n{info}"
     return max(regs)
+
+
+# The kernels the backend chooses for float32 GAE with dones on contiguous, 16-byte
+# aligned arrays (fresh allocations): (label, B, T, tunables).  The row-resident driver
+# takes B=256 only with rows_min_blocks <= 256; the register budget is stated for
+# 256-thread blocks.  B=4 gets the same kernel as B=256 (one lowering).
+CHOSEN = [("B=256 T=131072", 256, 131072, {}), ("B=4 T=2^22", 4, 2**22, {}),
+          ("B=256 T=131072 rows", 256, 131072, {"rows_min_blocks": 256}),
+          ("B=256 T=131072 threads=256", 256, 131072, {"threads": 256}),
+          ("B=256 T=131072 rows threads=256", 256, 131072, {"rows_min_blocks": 256, "threads": 256})]
+
+
+@pytest.mark.parametrize("label,B,T,settings", CHOSEN, ids=[c[0] for c in CHOSEN])
+def test_chosen_kernel_uses_16_byte_accesses(toolchain, label, B, T, settings):
+    # Each thread's K steps of rewards and values are read with 16-byte loads (two
+    # per array at K=8), the staged outputs written with 16-byte stores, within the
+    # register budget (at most 128 per thread: two blocks of 256 threads per SM) and
+    # without spills.
+    from gaescan.backends import cuda as cb
+    from gaescan.kernels import cuda as kern
+
+    with cb.override(**settings):
+        p = cb.plan(B, T, np.float32, vector=True)
+    assert p["opts"] & kern.OPT_VECTOR, p
+    mode = kern.MODE_ROWS if p["mode"] == "rows" else kern.MODE_LOOKBACK
+    K, threads = p["k"], p["threads"]
+    bounds = cb.launch_bounds(threads, p["min_blocks_per_sm"])
+    build = _kernel(kern.GAE_V, mode, False, np.float32, threads, K, p["opts"])
+    sig = _sig(kern.GAE_V, np.float32, np.float32, np.bool_, layout=p["layout"])
+    cc = CCS[-1]
+    ptx, info = _report(build, sig, cc, bounds)
+    assert ptx.count("ld.global.nc.v4.f32") == 2 * (K // 4)
+    assert ptx.count("st.global.v4.f32") == 2 * (K // 4)
+    regs, smem, spills = _resources(info)
+    loads = sum(int(x) for x in re.findall(r"(\d+) bytes spill loads", info))
+    print(f"sm_90  {label}: {p['mode']} K={K} threads={threads} opts={p['opts']}: regs {regs}, "
+          f"smem {smem} B, spill st/ld {spills}/{loads}")
+    assert spills == 0 and loads == 0
+    assert regs <= 128
 
 
 def test_shared_lowering_matches_a_separate_compile(toolchain):
@@ -508,7 +569,8 @@ def test_raw_launch_parameter_buffer_matches_the_kernel(toolchain, out, mode):
 
 def _sweep_specs():
     # Each distinct kernel gpu-check's tunable sweep compiles (GAE float32 with dones,
-    # contiguous arrays), with the settings that ask for it.
+    # contiguous, 16-byte aligned arrays, as fresh CuPy allocations are), with the
+    # settings that ask for it.
     from gaescan.backends import cuda as cb
     from gaescan.bench.gpu_check import sweep_shapes
 
@@ -516,7 +578,7 @@ def _sweep_specs():
     for label, B, T, settings in sweep_shapes():
         for st in settings:
             with cb.override(**st):
-                p = cb.plan(B, T, np.float32)
+                p = cb.plan(B, T, np.float32, vector=True)
             spec = (p["mode"], p["k"], p["opts"], p["threads"], p["min_blocks_per_sm"], p["layout"])
             specs.setdefault(spec, []).append(f"{label}: " + ",".join(f"{k}={v}" for k, v in st.items()))
     return specs

@@ -95,6 +95,11 @@ TUNABLES: dict[str, Any] = {
     # hold ~40 registers across the block scan and the look-back: blocks per SM).
     # Implies the coalesced loads; not with "prefetch" (then the prefetch is used).
     "shared_steps": False,
+    # Read each thread's steps and write the staged outputs with 16-byte accesses
+    # (ld.global.nc.v4.f32 / st.global.v4.f32; v2.f64 for float64) where the layout
+    # allows: see vector_ok.  The same bits as the element accesses.  Not with
+    # "coalesced_loads" or "shared_steps" (those read through shared memory instead).
+    "vector_access": True,
     # Experimental (GPU only; gpu-check compares both): launch the one compiled
     # kernel directly, skipping Numba's per-call launch configuration, argument
     # typing and stream conversion.  Also skips Numba's low-occupancy warning,
@@ -193,6 +198,69 @@ def _pow2ceil(n: int) -> int:
     return p
 
 
+def vector_steps(dtype: Any, T: int, K: int) -> bool:
+    """Whether rows of ``T`` steps, ``K`` per thread, allow ``OPT_VECTOR``'s 16-byte accesses.
+
+    float32 or float64 data, and ``T`` and ``K`` multiples of the ``16 // itemsize``
+    elements of one access: then every thread's steps, and every run of steps a
+    warp stores, fall in whole 16-byte groups inside the row, read and written in
+    both time directions (a forward scan's group ends where a reverse one starts).
+    """
+    dt = np.dtype(dtype)
+    if dt != np.float32 and dt != np.float64:
+        return False
+    n = 16 // dt.itemsize
+    return T % n == 0 and K % n == 0
+
+
+def _layout(x: Any) -> tuple[int, Any, tuple, tuple | None] | None:
+    """``(pointer, dtype, shape, strides)`` of an array, from attributes only (no device access)."""
+    try:  # CuPy arrays: plain attribute reads
+        return int(x.data.ptr), x.dtype, tuple(x.shape), tuple(x.strides)
+    except AttributeError:
+        pass
+    try:  # torch tensors, Numba device arrays; NumPy arrays (the simulator)
+        ai = getattr(x, "__cuda_array_interface__", None) or getattr(x, "__array_interface__", None)
+    except Exception:  # e.g. a tensor that refuses to export itself: the element accesses
+        return None
+    if ai is None:
+        return None
+    strides = ai.get("strides")
+    strides = None if strides is None else tuple(strides)
+    return int(ai["data"][0]), np.dtype(ai["typestr"]), tuple(ai["shape"]), strides
+
+
+def vector_ok(arrays: Any, dtype: Any) -> bool:
+    """Whether ``OPT_VECTOR``'s 16-byte accesses are valid for these ``(R, T)`` arrays.
+
+    Every array (``None``: absent, ignored) must hold ``dtype`` elements
+    consecutively along time (time stride = itemsize), start at a multiple of
+    16 bytes, and have a row stride that is one, so every row starts on a
+    16-byte boundary.  Read from the array's pointer, shape and strides only:
+    no device access and no synchronisation.  The backend also needs
+    :func:`vector_steps`; an empty ``arrays`` is not valid.
+    """
+    dt = np.dtype(dtype)
+    seen = False
+    for x in arrays:
+        if x is None:
+            continue
+        info = _layout(x)
+        if info is None:
+            return False
+        ptr, xdt, shape, strides = info
+        if np.dtype(xdt) != dt or len(shape) != 2:
+            return False
+        if strides is None:  # C-contiguous
+            strides = (shape[1] * dt.itemsize, dt.itemsize)
+        if (shape[1] > 1 and strides[1] != dt.itemsize) or (shape[0] > 1 and strides[0] % 16):
+            return False
+        if ptr % 16:
+            return False
+        seen = True
+    return seen
+
+
 class _Launch:
     """Per-call conversion of arrays and launch parameters."""
 
@@ -256,8 +324,13 @@ class _Launch:
             mode = kern.MODE_LOOKBACK
         return RW, TW, K, mode, nchunks
 
-    def variant(self, kind: int, opts: int) -> tuple[int, int, int, int, int, int, bool]:
-        """Geometry and option bits of this call's kernel: ``(RW, TW, K, mode, nchunks, opts, fast)``."""
+    def variant(self, kind: int, opts: int,
+                vector: bool = False) -> tuple[int, int, int, int, int, int, bool]:
+        """Geometry and option bits of this call's kernel: ``(RW, TW, K, mode, nchunks, opts, fast)``.
+
+        ``vector``: the arrays' layout allows 16-byte accesses (:func:`vector_ok`);
+        ``OPT_VECTOR`` is set where ``T`` and ``K`` allow them too.
+        """
         RW, TW, K, mode, nchunks = self.geometry()
         if get("debug_skip_incl"):
             opts |= kern.OPT_DEBUG_SKIP
@@ -272,10 +345,15 @@ class _Launch:
         elif (get("coalesced_loads") and not opts & kern.OPT_PREFETCH
                 and kern.stages_inputs(opts, kind, RW, TW)):
             opts |= kern.OPT_CLOAD
+        if vector and not opts & (kern.OPT_CLOAD | kern.OPT_SHSTEPS) and vector_steps(self.dtype, self.T, K):
+            opts |= kern.OPT_VECTOR
         return RW, TW, K, mode, nchunks, opts, fast
 
-    def run(self, kind: int, fwd: bool, a: dict, g_s: float, l_s: float, lv_s: float, opts: int) -> None:
-        RW, TW, K, mode, nchunks, opts, fast = self.variant(kind, opts)
+    def run(self, kind: int, fwd: bool, a: dict, g_s: float, l_s: float, lv_s: float, opts: int,
+            vec: tuple = ()) -> None:
+        """Launch the kernel; ``vec``: the arrays it would read and write with 16-byte accesses."""
+        vector = bool(get("vector_access")) and vector_ok(vec, self.dtype)
+        RW, TW, K, mode, nchunks, opts, fast = self.variant(kind, opts, vector)
         nsh = int(get("threads"))
         kernel = kern.get_kernel(kind, mode, fwd, self.dtype, nsh, K, opts)
         ngroups = -(-self.R // RW)
@@ -576,10 +654,11 @@ def _device_view(x: Any) -> Any:
 #: The compile-time option bits by the name of the tunable (or input) that sets them.
 OPTION_NAMES = {kern.OPT_MASK: "mask", kern.OPT_PACKED: "packed", kern.OPT_PREFETCH: "prefetch",
                 kern.OPT_FASTLB: "fast_lookback", kern.OPT_CLOAD: "coalesced_loads",
-                kern.OPT_SHSTEPS: "shared_steps"}
+                kern.OPT_SHSTEPS: "shared_steps", kern.OPT_VECTOR: "vector_access"}
 
 
-def plan(R: int, T: int, dtype: Any = np.float32, time_major: bool = False, packed: bool = False) -> dict:
+def plan(R: int, T: int, dtype: Any = np.float32, time_major: bool = False, packed: bool = False,
+         vector: bool = False) -> dict:
     """The launch a GAE problem of this shape (with dones) gets with the current tunables (for reports).
 
     ``options`` names the kernel's compile-time variants that the tunables asked for
@@ -587,13 +666,18 @@ def plan(R: int, T: int, dtype: Any = np.float32, time_major: bool = False, pack
     ``opts`` holds their bits (:mod:`gaescan.kernels.cuda`'s ``OPT_*``), with the rest
     of what the kernel is built from: ``threads``, ``min_blocks_per_sm`` and
     ``layout`` (the array layout the kernel is typed with, for C-contiguous arrays).
+    ``vector``: the arrays allow 16-byte accesses (:func:`vector_ok`: C-contiguous
+    and 16-byte aligned, as fresh CuPy and torch allocations are; never
+    ``time_major`` ones); the kernel then gets ``OPT_VECTOR`` where ``T`` and ``K``
+    allow it and the ``vector_access`` tunable is on.
     """
     from types import SimpleNamespace
 
     L = _Launch.__new__(_Launch)
     L.R, L.T, L.dtype, L.time_major, L.packed = int(R), int(T), np.dtype(dtype), bool(time_major), bool(packed)
     base = kern.OPT_TERM | (kern.OPT_PACKED if packed else 0)
-    RW, TW, K, mode, nchunks, opts, _ = L.variant(kern.GAE_V, base)
+    vector = bool(vector) and bool(get("vector_access")) and not L.time_major
+    RW, TW, K, mode, nchunks, opts, _ = L.variant(kern.GAE_V, base, vector)
     ngroups = -(-L.R // RW)
     name = "rows" if mode == kern.MODE_ROWS else "lookback"
     ct = opts & _CT
@@ -657,7 +741,8 @@ def gae(p: GAEProblem) -> None:
         nv=L.arr(p.next_values, L.dtype, 2), term=term, trunc=trunc, mask=mask,
         g=g, l=lm, lv=lv, cu=cu, out1=L.arr(p.advantages, None, 2), out2=L.arr(p.returns, None, 2),
     )
-    L.run(kind, False, a, g_s, l_s, lv_s, o1 | o2 | o3 | o4 | o5 | o6 | o7)
+    L.run(kind, False, a, g_s, l_s, lv_s, o1 | o2 | o3 | o4 | o5 | o6 | o7,
+          (p.rewards, p.values, p.next_values, p.advantages, p.returns))
 
 
 def discounted_returns(p: ReturnsProblem) -> None:
@@ -673,7 +758,7 @@ def discounted_returns(p: ReturnsProblem) -> None:
         term=term, trunc=L.arr(None, np.bool_, 2), mask=mask, g=g, l=L.arr(None, L.dtype, 2),
         lv=lv, cu=cu, out1=L.arr(p.returns, None, 2), out2=L.arr(None, L.dtype, 2),
     )
-    L.run(kern.RET, False, a, g_s, 0.0, lv_s, o1 | o3 | o4 | o6 | o7)
+    L.run(kern.RET, False, a, g_s, 0.0, lv_s, o1 | o3 | o4 | o6 | o7, (p.rewards, p.returns))
 
 
 def linear_scan(p: ScanProblem) -> None:
@@ -687,4 +772,4 @@ def linear_scan(p: ScanProblem) -> None:
         r=L.arr(p.b, None, 2), v=d2, nv=d2, term=fb, trunc=fb, mask=fb, g=g, l=d2,
         lv=lv, cu=L.arr(None, np.int64, 1), out1=L.arr(p.out, None, 2), out2=d2,
     )
-    L.run(kern.SCAN, not p.reverse, a, g_s, 0.0, lv_s, o1 | o3)
+    L.run(kern.SCAN, not p.reverse, a, g_s, 0.0, lv_s, o1 | o3, (p.b, p.out))

@@ -60,9 +60,9 @@ Two drivers share the tile code:
   floating-point operations however far the look-back went: results are
   bit-identical run after run (the look-back only changes who does the work).
 
-Four compile-time variants (tunables ``prefetch``, ``fast_lookback``,
-``coalesced_loads`` and ``shared_steps`` of the backend; all give the default
-kernels' bits):
+Five compile-time variants (tunables ``prefetch``, ``fast_lookback``,
+``coalesced_loads``, ``shared_steps`` and ``vector_access`` of the backend; all
+give the default kernels' bits):
 
 * ``OPT_PREFETCH`` — in ``MODE_ROWS`` a thread issues the loads of its steps
   in the *next* tile before this tile's scan, so the block's loads are in
@@ -91,6 +91,17 @@ kernels' bits):
   across the block scan and the look-back (GAE look-back: 78 registers instead
   of 111).  Packed rows walk their segments again in emit; every warp layout
   stages.
+* ``OPT_VECTOR`` — 16-byte accesses (:mod:`gaescan.kernels.cuda_vector`;
+  ``VW`` = 4 float32 or 2 float64 elements): :func:`load` reads a thread's ``K``
+  steps of rewards, values and next values ``VW`` at a time with
+  ``ld.global.nc`` vector loads into per-thread arrays, and :func:`emit` stores
+  the staged outputs ``VW`` consecutive steps per lane with ``st.global``
+  vector stores.  Both drivers (the prefetch too); not with ``OPT_CLOAD`` or
+  ``OPT_SHSTEPS``, which read through shared memory.  Valid only where every
+  array's rows start on 16-byte boundaries, are contiguous along time and
+  hold the compute dtype, and ``T`` and ``K`` are multiples of ``VW``: the
+  backend checks that on the host (``vector_ok``, ``vector_steps``).  Flags,
+  per-step coefficients and boundary values are read as elements.
 
 Look-back records (one per tile and row group, see :func:`group_record`) keep
 the maps and the states of the group's rows in separate 128-byte-aligned
@@ -107,6 +118,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 from numba.core import config as _numba_config
+
+from .cuda_vector import ldg_vec, stg_vec
 
 #: Numba's CUDA simulator runs the kernels (``NUMBA_ENABLE_CUDASIM=1``, read at import).
 SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
@@ -146,8 +159,9 @@ OPT_PREFETCH = 512  # MODE_ROWS: the next tile's loads are issued before this ti
 OPT_FASTLB = 1024  # MODE_LOOKBACK, float32, (alpha, c) maps, one row per block: fence-free words
 OPT_CLOAD = 2048  # not with OPT_PREFETCH: the warp loads its steps coalesced, through shared memory
 OPT_SHSTEPS = 4096  # not with OPT_PREFETCH: a tile's steps stay in shared memory, not registers
+OPT_VECTOR = 8192  # not with OPT_CLOAD / OPT_SHSTEPS: 16-byte loads and stores (see vector_ok in the backend)
 #: The option bits that select a compiled kernel (the others are runtime switches).
-CT_BITS = OPT_MASK | OPT_PACKED | OPT_PREFETCH | OPT_FASTLB | OPT_CLOAD | OPT_SHSTEPS
+CT_BITS = OPT_MASK | OPT_PACKED | OPT_PREFETCH | OPT_FASTLB | OPT_CLOAD | OPT_SHSTEPS | OPT_VECTOR
 
 
 def stages_inputs(opts: int, kind: int, rw: int, tw: int) -> bool:
@@ -238,6 +252,14 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
         raise ValueError("shared-memory steps and prefetching exclude each other")
     # Coalesced loads (see stage): the float inputs pass through the output buffers.
     CLOAD = (bool(CT & OPT_CLOAD) and not PREFETCH) or SHSTEPS
+    # 16-byte loads of a thread's steps and 16-byte stores of the staged outputs (see
+    # cuda_vector): VW consecutive elements per access.
+    VECTOR = bool(CT & OPT_VECTOR)
+    VW = 16 // dtype.itemsize
+    if VECTOR and (CLOAD or K % VW):
+        raise ValueError(f"16-byte accesses read a thread's steps {VW} at a time from the arrays: they need "
+                         f"K={K} to be a multiple of {VW}, and no staged (coalesced or shared-memory) loads")
+    VK = K if VECTOR else 1  # length of load's vector-loaded step arrays
     GAE = KIND in (GAE_V, GAE_NEXT)
     NOSTAGE = 0 if SHSTEPS else _unstaged_bits(KIND)  # see stages_inputs
     # Output staging for coalesced stores (see emit): NSH*K slots plus padding.
@@ -311,10 +333,11 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
         return CAST(0)
 
     @cuda.jit(device=True)
-    def elem(row, t, srow, st, opts, r, v, nv, term, trunc, mask, g, gs, lm, g_s, l_s):
-        # r and v at [srow, st] (staged in shared memory by stage, or the arrays'
-        # [row, t]), g there too if gs (the scan's staged a), else at [row, t];
-        # next values, lambdas and flags always at [row, t].
+    def elem(row, t, srow, st, opts, r, v, nv, term, trunc, mask, g, gs, lm, g_s, l_s, ns):
+        # r and v at [srow, st] (staged in shared memory by stage, vector-loaded by
+        # load, or the arrays' [row, t]), g there too if gs (the scan's staged a),
+        # next values there too if ns (vector-loaded), else at [row, t]; lambdas
+        # and flags always at [row, t].
         zero = CAST(0)
         one = CAST(1)
         if MASKED:
@@ -343,7 +366,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
         if tm:
             c = rt - vt
         else:
-            c = (rt + gt * CAST(nv[row, t])) - vt
+            c = (rt + gt * (CAST(nv[srow, st]) if ns else CAST(nv[row, t]))) - vt
         return True, a, zero, c, vt
 
     @cuda.jit(device=True)
@@ -359,6 +382,43 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
                 hi = mid
         return lo - 1
 
+    # OPT_VECTOR: one 16-byte access's VW elements to and from per-step slots, in
+    # logical step order (forward scans: physical time runs the other way).
+    if VW == 4:
+        @cuda.jit(device=True)
+        def vec_put(buf, j, xs):
+            # Steps j .. j+3 of buf from the VW elements one load read.
+            if FWD:
+                buf[0, j], buf[0, j + 1], buf[0, j + 2], buf[0, j + 3] = xs[3], xs[2], xs[1], xs[0]
+            else:
+                buf[0, j], buf[0, j + 1], buf[0, j + 2], buf[0, j + 3] = xs[0], xs[1], xs[2], xs[3]
+
+        @cuda.jit(device=True)
+        def vec_get(buf, s):
+            # The VW elements one store writes, from the staging slots of steps s .. s+3.
+            a = buf[0, spos(s)]
+            b = buf[0, spos(s + 1)]
+            c = buf[0, spos(s + 2)]
+            d = buf[0, spos(s + 3)]
+            if FWD:
+                return d, c, b, a
+            return a, b, c, d
+    else:
+        @cuda.jit(device=True)
+        def vec_put(buf, j, xs):
+            if FWD:
+                buf[0, j], buf[0, j + 1] = xs[1], xs[0]
+            else:
+                buf[0, j], buf[0, j + 1] = xs[0], xs[1]
+
+        @cuda.jit(device=True)
+        def vec_get(buf, s):
+            a = buf[0, spos(s)]
+            b = buf[0, spos(s + 1)]
+            if FWD:
+                return b, a
+            return a, b
+
     @cuda.jit(device=True)
     def load(row, u_lo, u_hi, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
              lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv, rq,
@@ -371,9 +431,31 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
         before step j is applied; ``rv[j]`` is the restart value.  With ``stg``
         the float inputs come from the buffers :func:`stage` filled (step j at
         slot ``spos(sb + j)``; ``nxt``: the step after the last one is staged too).
+        With ``OPT_VECTOR`` the float inputs of the ``K`` steps (rewards, values,
+        next values) are read ``VW`` at a time with 16-byte loads into per-thread
+        arrays first (the backend checked the layout: ``T``, ``K`` and each
+        thread's first step are multiples of ``VW``, so a group is wholly inside
+        ``[u_lo, u_hi)`` or wholly outside); each step then reads them where it
+        would read the arrays.  Flags, per-step coefficients and the value after
+        the last step are read as elements.
         """
         zero = CAST(0)
         packed = PACKED
+        xr = cuda.local.array((1, VK), NBT)
+        xv = cuda.local.array((1, VK), NBT)
+        xn = cuda.local.array((1, VK), NBT)
+        if VECTOR:
+            for q in range(K // VW):
+                ub = u_lo + q * VW
+                if ub < u_hi:
+                    # Reverse time: steps ub .. ub+VW-1 are physical ub ..; forward: the
+                    # same VW elements from phys(ub+VW-1) on, in reverse order.
+                    tb = phys(ub + VW - 1, T) if FWD else ub
+                    vec_put(xr, q * VW, ldg_vec(r, row, tb))
+                    if GAE:
+                        vec_put(xv, q * VW, ldg_vec(v, row, tb))
+                    if KIND == GAE_NEXT:
+                        vec_put(xn, q * VW, ldg_vec(nv, row, tb))
         s = -1
         seg_lo = 0
         seg_hi = 0
@@ -412,10 +494,13 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
                     if CLOAD and stg:  # CLOAD first: without it the branch is not compiled
                         # r in tb1; v (GAE) or a (scan) in tb2.
                         valid, a_, b_, c_, v_ = elem(row, t, 0, spos(sb + j), opts, tb1, tb2, nv, term,
-                                                     trunc, mask, tb2, True, lm, g_s, l_s)
+                                                     trunc, mask, tb2, True, lm, g_s, l_s, False)
+                    elif VECTOR:
+                        valid, a_, b_, c_, v_ = elem(row, t, 0, j, opts, xr, xv, xn, term, trunc, mask,
+                                                     g, False, lm, g_s, l_s, KIND == GAE_NEXT)
                     else:
                         valid, a_, b_, c_, v_ = elem(row, t, row, t, opts, r, v, nv, term, trunc, mask,
-                                                     g, False, lm, g_s, l_s)
+                                                     g, False, lm, g_s, l_s, False)
                     ok[j] = valid
                     ea[j] = a_
                     eb[j] = b_
@@ -509,8 +594,9 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
     def shared_elem(row, t, slot, opts, v, nv, term, trunc, mask, g, lm, g_s, l_s, tb1, tb2):
         # elem of a staged step (OPT_SHSTEPS): r in tb1, v (GAE) or a (scan) in tb2.
         if KIND == SCAN:
-            return elem(row, t, 0, slot, opts, tb1, tb2, nv, term, trunc, mask, tb2, True, lm, g_s, l_s)
-        return elem(row, t, 0, slot, opts, tb1, tb2, nv, term, trunc, mask, g, False, lm, g_s, l_s)
+            return elem(row, t, 0, slot, opts, tb1, tb2, nv, term, trunc, mask, tb2, True, lm, g_s, l_s,
+                        False)
+        return elem(row, t, 0, slot, opts, tb1, tb2, nv, term, trunc, mask, g, False, lm, g_s, l_s, False)
 
     @cuda.jit(device=True)
     def fold_shared(row, u_lo, u_hi, T, opts, v, nv, term, trunc, mask, g, lm, g_s, l_s,
@@ -693,14 +779,27 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
             cuda.syncwarp(wmask)
             if live:
                 ug = ut + (y // yw) * (yw * K)  # first step of the yw threads' run
-                for i in range(K):
-                    e = i * yw + yl
-                    u = ug + e
-                    if u < T:
-                        t = phys(u, T)
-                        out1[row, t] = tb1[0, spos(slot0 + e)]
-                        if two:
-                            out2[row, t] = tb2[0, spos(slot0 + e)]
+                if VECTOR:
+                    # 16-byte stores, lane yl at steps VW*yl .. of each yw*VW-step run: still
+                    # consecutive lanes at consecutive addresses.  T and the run's start are
+                    # multiples of VW, so a group is wholly inside the row or wholly past it.
+                    for i in range(K // VW):
+                        e = (i * yw + yl) * VW
+                        u = ug + e
+                        if u < T:
+                            tb = phys(u + VW - 1, T) if FWD else u
+                            stg_vec(out1, row, tb, vec_get(tb1, slot0 + e))
+                            if two:
+                                stg_vec(out2, row, tb, vec_get(tb2, slot0 + e))
+                else:
+                    for i in range(K):
+                        e = i * yw + yl
+                        u = ug + e
+                        if u < T:
+                            t = phys(u, T)
+                            out1[row, t] = tb1[0, spos(slot0 + e)]
+                            if two:
+                                out2[row, t] = tb2[0, spos(slot0 + e)]
             # No trailing syncwarp: tb is next written after the next block scan's barrier,
             # or (OPT_CLOAD) by stage, where each lane writes just the slots it read here.
         return A, Vn
