@@ -1293,7 +1293,7 @@ def benchmarks(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
 
         print("launch plans:")
         for label, B, T, axis in shapes:
-            pl = cb.plan(B, T, np.float32, time_major=axis == 0)
+            pl = cb.plan(B, T, np.float32, time_major=axis == 0, vector=True)
             print(f"  {label:<26s} {({k: v for k, v in pl.items() if k != 'opts'})}")
     except Exception as exc:  # noqa: BLE001
         print(f"(no launch plans: {exc})")
@@ -1535,7 +1535,7 @@ def sweep(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
             try:
                 a0.fill(np.nan)
                 with cb.override(**st):
-                    pl = cb.plan(B, T, np.float32)
+                    pl = cb.plan(B, T, np.float32, vector=True)
                     spec = tuple(pl[k] for k in ("mode", "k", "opts", "threads", "min_blocks_per_sm",
                                                  "layout"))
                     call = functools.partial(gaescan.gae, r, v, gamma=0.99, lam=0.95, dones=d, out=(a0, r0),
