@@ -648,6 +648,43 @@ def fast_vs_general_check(env: Env) -> str:
             "shared steps; rows and packed")
 
 
+def vector_vs_element_check(env: Env) -> str:
+    """The 16-byte accesses (``vector_access``, on where the layout allows) give the
+    element accesses' bits: both drivers, float32 and float64, ``next_values``,
+    forward and reverse scans, discounted returns; and a view one step off 16-byte
+    alignment takes the element accesses with the same results."""
+    from gaescan.backends import cuda as cb
+
+    g = env.gaescan
+    r4, v4, d4 = env.data((4, 2**20))
+    r5, v5, d5 = env.data((512, 4096))
+    r8, v8, d8 = env.data((8, 100000), np.float64)
+    nv = env.normal((4, 2**20))
+    wide = env.normal((8, 4097))
+    calls = [
+        lambda: g.gae(r4, v4, gamma=0.99, lam=0.95, dones=d4, backend="cuda"),
+        lambda: g.gae(r5, v5, gamma=0.99, lam=0.95, dones=d5, backend="cuda"),
+        lambda: g.gae(r8, v8, gamma=0.99, lam=0.95, dones=d8, backend="cuda"),
+        lambda: g.gae(r4, v4, gamma=0.99, lam=0.95, next_values=nv, terminated=d4, backend="cuda"),
+        lambda: g.discounted_returns(r4, gamma=0.99, dones=d4, backend="cuda"),
+        lambda: (g.linear_scan(0.9, r5, backend="cuda"), g.linear_scan(0.9, r5, reverse=True, backend="cuda")),
+        lambda: g.gae(wide[:, 1:], wide[:, :-1], gamma=0.99, lam=0.95, backend="cuda"),  # not aligned
+    ]
+
+    def bits(res: Any) -> bytes:
+        return b"".join(_h(x).tobytes() for x in res)
+
+    on = [bits(f()) for f in calls]
+    with cb.override(vector_access=False):
+        off = [bits(f()) for f in calls]
+    bad = [i for i, (a, b) in enumerate(zip(on, off, strict=True)) if a != b]
+    if bad:
+        raise AssertionError(f"16-byte accesses changed the bits of calls {bad} (0-based, in the order above)")
+    want = env.testing.gae(_h(wide[:, 1:]), _h(wide[:, :-1]), gamma=0.99, lam=0.95)
+    msg = _both(calls[-1](), want, np.float32)
+    return f"bit-identical with and without 16-byte accesses (7 calls); the unaligned view: {msg}"
+
+
 def _gae(shape: tuple, dtype: Any = np.float32, **fixed: Any) -> Callable[[Env], dict]:
     """:func:`gae_check` arguments: fixed ones, and arrays drawn when the check runs.
 
@@ -865,6 +902,8 @@ def correctness_cases(n_long: int) -> list[CheckCase]:
         C("shared steps: linear_scan reverse B=512 T=4000", scans_check, _args(shape=(512, 4000), reverse=True), SH),
         C("fast look-back, coalesced loads, shared steps == general look-back, B=8 T=2^20, packed S=200",
           fast_vs_general_check),
+        C("16-byte accesses == element accesses: both drivers, f32/f64, next_values, scans, returns, unaligned",
+          vector_vs_element_check),
     ]
     return cases
 
