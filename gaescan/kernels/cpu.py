@@ -819,16 +819,6 @@ def _pfw(x, i, k, p):
     _prefetch_w(x, k, p)
 
 
-@njit(inline="always")
-def _pfr1(x, i, p):
-    _prefetch_r(x, i, p)
-
-
-@njit(inline="always")
-def _pfw1(x, i, p):
-    _prefetch_w(x, i, p)
-
-
 # The fused loops request, at the first step of each cache line of steps, one
 # line of every array they touch, two tiles ahead (see _ahead).
 
