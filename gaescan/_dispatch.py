@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _kept
 from . import _validate as v
 from ._arrays import Context
 from ._problem import GAEProblem, ReturnsProblem, Rows, ScanProblem
@@ -308,8 +309,14 @@ def _outputs(xp: Any, plan: Plan, out: Any, count: int, c: dict[str, Any]) -> tu
 
 
 def run_gae(xp: Any, name: str, c: dict[str, Any], axis: Any = -1, out: Any = None,
-            types: tuple | None = None) -> list[Any]:
-    """GAE on already-resolved arguments: ``[advantages, returns]`` in ``xp``."""
+            types: tuple | None = None, keep: tuple | None = None) -> list[Any]:
+    """GAE on already-resolved arguments: ``[advantages, returns]`` in ``xp``.
+
+    With ``keep`` (a key of :mod:`gaescan._kept`), a backend that defines
+    ``gae_kept`` runs the problem through it, and the replay it returns is kept
+    under that key: only for inputs that are their own row views (``(R, T)``,
+    time last), since a replay receives the caller's arrays.
+    """
     vals = _values(c, _GAE_KEYS, _GAE_GET)
     r, val, nv, lv, la, dones, term, trunc, mask, cu, g, lam = vals
     plan = _plan("gae", name, axis, vals, types, _gae_plan, xp, c)
@@ -342,7 +349,13 @@ def run_gae(xp: Any, name: str, c: dict[str, Any], axis: Any = -1, out: Any = No
             view = plan.layout.rows
             r, val = view(xp, r), view(xp, val)
             nv, term, trunc, mask = (None if x is None else view(xp, x) for x in (nv, term, trunc, mask))
-        load(name).gae(GAEProblem(rows, r, val, nv, term, trunc, mask, gamma, lam, lv, views[0], views[1], la))
+        problem = GAEProblem(rows, r, val, nv, term, trunc, mask, gamma, lam, lv, views[0], views[1], la)
+        mod = load(name)
+        kept = getattr(mod, "gae_kept", None) if keep is not None and plan.flat and out is None else None
+        if kept is None:
+            mod.gae(problem)
+        else:
+            _kept.keep(keep, kept(problem))
         if scratch:
             v.finish(xp, plan.layout, scratch)
     return arrays

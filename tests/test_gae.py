@@ -535,13 +535,16 @@ def test_deterministic(backend, rng):
 def test_auto_backend_is_numba_for_numpy(rng, monkeypatch):
     # The commonest call (C-contiguous float32 NumPy, scalar γ and λ, dones)
     # goes through the dispatcher, which picks "numba", and the numba module runs it.
-    from gaescan import _dispatch
+    from gaescan import _dispatch, _kept
     from gaescan.backends import numba_cpu
 
     chosen, ran = [], []
-    real_choose, real_gae = _dispatch.choose, numba_cpu.gae
+    _kept.clear()  # a call kept by an earlier test would skip the route
+    real_choose, real_gae, real_kept = _dispatch.choose, numba_cpu.gae, numba_cpu.gae_kept
     monkeypatch.setattr(_dispatch, "choose", lambda b, ctx: chosen.append(b) or real_choose(b, ctx))
+    # a call that may be kept runs through gae_kept, which returns its replay
     monkeypatch.setattr(numba_cpu, "gae", lambda p: ran.append(p.rows.dtype) or real_gae(p))
+    monkeypatch.setattr(numba_cpu, "gae_kept", lambda p: ran.append(p.rows.dtype) or real_kept(p))
     r, v = random_data(rng, (3, 50)), random_data(rng, (3, 50))
     d = rng.random((3, 50)) < 0.1
     a = gaescan.gae(r, v, gamma=0.9, lam=0.8, dones=d)

@@ -10,6 +10,8 @@ import pytest
 
 import gaescan
 import gaescan.testing as gt
+from gaescan import _kept
+from gaescan.backends import numba_cpu
 from gaescan.kernels import cpu
 
 
@@ -390,9 +392,30 @@ def build_spy(monkeypatch):
             calls.append((self.__name__, "f32"))
         return f32_call(self, *args)
 
+    real_caller = cpu.Kernel.caller
+
+    def caller(self, dtype, narrow=False):
+        # a serial kernel's caller is its build itself: record its calls too
+        build = real_caller(self, dtype, narrow)
+        if self.parallel:
+            return build  # __call__ or f32_state, recorded above
+        state = "f32" if narrow and self.narrow and np.dtype(dtype) == np.float32 else "f64"
+
+        def recorded(*args):
+            calls.append((self.__name__, state))
+            return build(*args)
+
+        return recorded
+
     monkeypatch.setattr(cpu.Kernel, "__call__", plain)
     monkeypatch.setattr(cpu.Kernel, "f32_state", narrow)
-    return calls
+    monkeypatch.setattr(cpu.Kernel, "caller", caller)
+    # preparations and kept calls made before hold unrecorded callers
+    numba_cpu._PREPS.clear()
+    _kept.clear()
+    yield calls
+    numba_cpu._PREPS.clear()
+    _kept.clear()
 
 
 _F4_MAX = float(np.float32(0.99))  # F32_STATE_MAX_DECAY, a float32 value
@@ -658,11 +681,13 @@ def test_the_prefetching_build_gives_the_same_bits(tmp_path, monkeypatch):
         want = f()
         monkeypatch.setattr(numba_cpu, "cpu", mod)
         numba_cpu._PREPS.clear()
+        _kept.clear()
         try:
             got = f()
         finally:
             monkeypatch.setattr(numba_cpu, "cpu", cpu)
             numba_cpu._PREPS.clear()
+            _kept.clear()
         for w, g in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,),
                         strict=True):
             assert w.tobytes() == g.tobytes(), f"case {k}"

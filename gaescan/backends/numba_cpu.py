@@ -164,6 +164,23 @@ def gae(p: GAEProblem) -> None:
         prep = _fused_prep(p, rows)
         if prep is not None and _gae_fast(p, rows, prep):
             return
+    _gae_general(p, rows)
+
+
+def gae_kept(p: GAEProblem) -> Any:
+    """:func:`gae`, returning a replay of the call (see :mod:`gaescan._kept`)
+    when it ran the batch-major fused kernel on arrays it needed no cast for;
+    else ``None``."""
+    rows = p.rows
+    if rows.cu_seqlens is None and (p.next_values is None or p.mask is None):
+        prep = _fused_prep(p, rows)
+        if prep is not None and _gae_fast(p, rows, prep):
+            return _fused_replay(p, rows, prep)
+    _gae_general(p, rows)
+    return None
+
+
+def _gae_general(p: GAEProblem, rows: Rows) -> None:
     r = _data(p.rewards, rows)
     values = _data(p.values, rows)
     args = [
@@ -181,21 +198,31 @@ def gae(p: GAEProblem) -> None:
     _run(cpu.gae_rows, narrow)(*args, nv, bound, carry, cu, packed, zero, p.advantages, p.returns)
 
 
-# What the fused kernels need besides the arrays, for calls with scalar γ and
-# λ (nonzero) and the default boundaries (0): training loops repeat these call
-# after call.  Keyed on the plan's ``Rows`` (one object per call structure,
-# held by the entry so that its id stays unique), the two coefficients and the
-# module settings the choices depend on.
-# Other calls build it per call: a zero coefficient or boundary may be -0.0,
-# which equals 0.0 as a key but not in the results' bits.
-_PREPS: dict[tuple, tuple[Rows, tuple]] = {}
+class _Fused:
+    """What the fused kernels need besides the arrays: the per-row columns of
+    γ and λ, the boundary values, whether the state may be float32
+    (``narrow``), and ``rows_call``, the batch-major kernel for the call's
+    size, ready to call (see :meth:`gaescan.kernels.cpu.Kernel.caller`)."""
+
+    __slots__ = ("gcol", "lcol", "bound", "carry", "narrow", "rows_call")
+
+    def __init__(self, gcol: np.ndarray, lcol: np.ndarray, bound: np.ndarray, carry: np.ndarray,
+                 narrow: bool, rows: Rows):
+        self.gcol, self.lcol, self.bound, self.carry, self.narrow = gcol, lcol, bound, carry, narrow
+        self.rows_call = _rows_kernel(rows.R, rows.T).caller(rows.dtype, narrow)
 
 
-def _fused_prep(p: GAEProblem, rows: Rows) -> tuple | None:
-    """``(gcol, lcol, bound, carry, narrow, rows_kernel)`` for the fused
-    kernels, or ``None`` when γ or λ varies along time.  ``rows_kernel`` is
-    the batch-major kernel for the call's size (its float32-state call is
-    taken per call when ``narrow``)."""
+# The preparations of calls with scalar γ and λ (nonzero) and the default
+# boundaries (0): training loops repeat these call after call.  Keyed on the
+# plan's ``Rows`` (one object per call structure, held by the entry so that
+# its id stays unique), the two coefficients and the module settings the
+# choices depend on.  Other calls prepare per call: a zero coefficient or
+# boundary may be -0.0, which equals 0.0 as a key but not in the results' bits.
+_PREPS: dict[tuple, tuple[Rows, _Fused]] = {}
+
+
+def _fused_prep(p: GAEProblem, rows: Rows) -> _Fused | None:
+    """The fused kernels' preparation, or ``None`` when γ or λ varies along time."""
     g, lam, lv, la = p.gamma, p.lam, p.last_value, p.last_advantage
     key = None
     if (type(g) is float and type(lam) is float and g and lam and type(lv) is float
@@ -208,8 +235,7 @@ def _fused_prep(p: GAEProblem, rows: Rows) -> tuple | None:
     lcol = None if gcol is None else _column(lam, rows)
     if lcol is None:
         return None
-    narrow = _gae_narrow(p, rows, gcol, lcol)
-    prep = (gcol, lcol, _bound(lv, rows), _bound(la, rows), narrow, _rows_kernel(rows.R, rows.T))
+    prep = _Fused(gcol, lcol, _bound(lv, rows), _bound(la, rows), _gae_narrow(p, rows, gcol, lcol), rows)
     if key is not None:
         if len(_PREPS) >= 64:
             _PREPS.clear()
@@ -247,39 +273,94 @@ def _gae_narrow(p: GAEProblem, rows: Rows, gcol: np.ndarray, lcol: np.ndarray) -
     return bool(np.max(np.abs(gcol.astype(np.float64) * lcol)) <= F32_STATE_MAX_DECAY)
 
 
-def _gae_fast(p: GAEProblem, rows: Rows, prep: tuple) -> bool:
+def _gae_fast(p: GAEProblem, rows: Rows, prep: _Fused) -> bool:
     """Run a fused kernel; ``False`` when none fits (time-major rows that the
     fused time-major kernels cannot take go to the general sweep instead)."""
-    gcol, lcol, bound, carry, narrow, kernel = prep
-    r = _data(p.rewards, rows)
-    v = _data(p.values, rows)
-    term = None if p.terminated is None else _flag8(p.terminated)
-    mask = None if p.mask is None else _flag8(p.mask)
+    dtype = rows.dtype
+    r, v, term, mask = p.rewards, p.values, p.terminated, p.mask
+    if r.dtype is not dtype:
+        r = r.astype(dtype, copy=False)
+    if v.dtype is not dtype:
+        v = v.astype(dtype, copy=False)
+    if term is not None:
+        term = _flag8(term)
+    if mask is not None:
+        mask = _flag8(mask)
     adv, ret = p.advantages, p.returns
     if _sweep_time_major(rows, r):
-        if mask is not None or not _time_major(r, v, adv, ret):
-            return False
-        if p.next_values is not None:
-            nv = _data(p.next_values, rows)
-            if not _time_major(nv):
-                return False
-            _run(cpu.gae_timemajor_next, narrow)(r.T, v.T, nv.T, _flag(p.terminated, rows, False).T,
-                                   _flag(p.truncated, rows, False).T, gcol, lcol, carry, adv.T, ret.T)
-            return True
-        if term is not None and not _time_major(term):
-            return False
-        _run(cpu.gae_timemajor, narrow)(r.T, v.T, _NO_FLAGS if term is None else term.T, term is not None,
-                          gcol, lcol, bound, carry, adv.T, ret.T)
-        return True
-    if narrow:
-        kernel = kernel.f32_state
+        return _gae_fast_time_major(p, rows, prep, r, v, term, mask)
     if p.next_values is not None:
         # the next_values loop reads both flags: absent ones as zero-stride views of 0
-        kernel(r, v, _data(p.next_values, rows), True, _flag(p.terminated, rows, False), term is not None,
-               _flag(p.truncated, rows, False), _NO_FLAGS, False, gcol, lcol, bound, carry, adv, ret)
+        prep.rows_call(r, v, _data(p.next_values, rows), True, _flag(p.terminated, rows, False), term is not None,
+                       _flag(p.truncated, rows, False), _NO_FLAGS, False, prep.gcol, prep.lcol, prep.bound,
+                       prep.carry, adv, ret)
         return True
-    kernel(r, v, v, False, _NO_FLAGS if term is None else term, term is not None, _NO_FLAGS,
-           _NO_FLAGS if mask is None else mask, mask is not None, gcol, lcol, bound, carry, adv, ret)
+    prep.rows_call(r, v, v, False, _NO_FLAGS if term is None else term, term is not None, _NO_FLAGS,
+                   _NO_FLAGS if mask is None else mask, mask is not None, prep.gcol, prep.lcol, prep.bound,
+                   prep.carry, adv, ret)
+    return True
+
+
+def _fused_replay(p: GAEProblem, rows: Rows, prep: _Fused) -> Any:
+    """A replay of the batch-major fused call that :func:`_gae_fast` just
+    made, for arrays of the same structure: ``None`` for time-major rows,
+    data to cast or flags to compare.  The replay allocates the outputs and
+    calls the same build with the same arguments; it returns ``None`` once
+    ``SERIAL_MAX_STEPS`` or ``F32_STATE_MAX_DECAY`` differs from the values
+    its kernel choice read."""
+    dtype = rows.dtype
+    nv = p.next_values
+    if _sweep_time_major(rows, p.rewards) or any(
+            x is not None and x.dtype is not dtype for x in (p.rewards, p.values, nv)):
+        return None
+    flags = (p.terminated, p.truncated, p.mask)
+    if any(x is not None and (x.dtype.itemsize != 1 or x.dtype.kind not in "biu") for x in flags):
+        return None
+    call, gcol, lcol, bound, carry = prep.rows_call, prep.gcol, prep.lcol, prep.bound, prep.carry
+    shape, serial_max, max_decay = (rows.R, rows.T), SERIAL_MAX_STEPS, F32_STATE_MAX_DECAY
+    has_term, has_trunc, has_mask = (x is not None for x in flags)
+    u8, no_flags, empty = np.uint8, _NO_FLAGS, np.empty
+    if nv is not None:
+        zeros = _flag(None, rows, False)
+
+        def replay_next(r, v, nv, term, trunc, mask):
+            if serial_max is not SERIAL_MAX_STEPS or max_decay is not F32_STATE_MAX_DECAY:
+                return None
+            adv, ret = empty(shape, dtype), empty(shape, dtype)
+            call(r, v, nv, True, term.view(u8) if has_term else zeros, has_term,
+                 trunc.view(u8) if has_trunc else zeros, no_flags, False, gcol, lcol, bound, carry, adv, ret)
+            return adv, ret
+
+        return replay_next
+
+    def replay(r, v, nv, term, trunc, mask):
+        if serial_max is not SERIAL_MAX_STEPS or max_decay is not F32_STATE_MAX_DECAY:
+            return None
+        adv, ret = empty(shape, dtype), empty(shape, dtype)
+        call(r, v, v, False, term.view(u8) if has_term else no_flags, has_term, no_flags,
+             mask.view(u8) if has_mask else no_flags, has_mask, gcol, lcol, bound, carry, adv, ret)
+        return adv, ret
+
+    return replay
+
+
+def _gae_fast_time_major(p: GAEProblem, rows: Rows, prep: _Fused, r: np.ndarray, v: np.ndarray,
+                         term: np.ndarray | None, mask: np.ndarray | None) -> bool:
+    adv, ret = p.advantages, p.returns
+    if mask is not None or not _time_major(r, v, adv, ret):
+        return False
+    if p.next_values is not None:
+        nv = _data(p.next_values, rows)
+        if not _time_major(nv):
+            return False
+        _run(cpu.gae_timemajor_next, prep.narrow)(r.T, v.T, nv.T, _flag(p.terminated, rows, False).T,
+                                                  _flag(p.truncated, rows, False).T, prep.gcol, prep.lcol,
+                                                  prep.carry, adv.T, ret.T)
+        return True
+    if term is not None and not _time_major(term):
+        return False
+    _run(cpu.gae_timemajor, prep.narrow)(r.T, v.T, _NO_FLAGS if term is None else term.T, term is not None,
+                                         prep.gcol, prep.lcol, prep.bound, prep.carry, adv.T, ret.T)
     return True
 
 

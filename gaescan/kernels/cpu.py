@@ -172,6 +172,16 @@ class Kernel:
             build = self.compile(_F4, serial, narrow=True)
         return build(*args)
 
+    def caller(self, dtype: Any, narrow: bool = False) -> Callable[..., Any]:
+        """The callable a call site may keep for ``dtype`` (and ``narrow``): the
+        compiled build itself for a serial kernel (its choice of build never
+        changes), else :meth:`__call__` or :meth:`f32_state`, which choose per
+        call (the serial build of a parallel kernel depends on the thread)."""
+        narrow = narrow and self.narrow and np.dtype(dtype) == _F4
+        if self.parallel:
+            return self.f32_state if narrow else self
+        return self.compile(dtype, False, narrow)
+
     def compile(self, dtype: Any, serial: bool = False, narrow: bool = False) -> Any:
         """Compile (or load from the disk cache) the build for ``dtype``.
 
