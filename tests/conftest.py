@@ -16,6 +16,7 @@ inside the variant's tunable overrides.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import zlib
@@ -166,6 +167,17 @@ def rng(request):
 
 
 # ----------------------------------------------------------------- assertions
+
+
+@contextlib.contextmanager
+def cuda_settings(settings: dict):
+    """CUDA tunables and test hooks given in one dict: a key of the CUDA
+    backend's ``TEST_HOOKS`` sets a hook, any other key a tunable."""
+    from gaescan.backends import cuda as cb
+
+    hooks = {k: x for k, x in settings.items() if k in cb.TEST_HOOKS}
+    with cb.override(**{k: x for k, x in settings.items() if k not in hooks}), cb.test_hooks(**hooks):
+        yield
 
 
 def assert_close(actual, expected, dtype, *, shape=None):

@@ -23,6 +23,7 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") in ("", "0"):
                 allow_module_level=True)
 
 pytest.importorskip("numba")
+from conftest import cuda_settings  # noqa: E402
 from numba import cuda  # noqa: E402  (a module global: the simulator swaps it in kernels)
 
 import gaescan.testing as gt  # noqa: E402
@@ -34,7 +35,7 @@ ROWS = dict(threads=8, k=2, k_f64=3, k_time_major=2, rows_time_major=4, rows_min
 LOOKBACK = dict(threads=8, k=3, k_f64=2, k_time_major=3, rows_time_major=4, rows_min_blocks=10**9)
 # Look-back where only every 16th tile publishes its state: later tiles walk past
 # many published maps (windows longer than the block) and apply them in order.
-LONGWALK = dict(LOOKBACK, k=2, debug_skip_incl=True)
+LONGWALK = dict(LOOKBACK, k=2, unpublished_tiles=True)
 MODES = pytest.mark.parametrize("tun", [ROWS, LOOKBACK, LONGWALK], ids=["rows", "lookback", "longwalk"])
 
 
@@ -96,7 +97,7 @@ def run_gae(tun, dtype, r, v, g, lam, nv=None, term=None, trunc=None, mask=None,
     p = GAEProblem(rows=rows_of(dtype, R, T, cu), rewards=r, values=v, next_values=nv,
                    terminated=term, truncated=trunc, mask=mask, gamma=coeff(g, dtype),
                    lam=coeff(lam, dtype), last_value=lvp, advantages=adv, returns=ret)
-    with cb.override(**tun):
+    with cuda_settings(tun):
         cb.gae(p)
     return adv, ret
 
@@ -220,7 +221,7 @@ def test_gae_time_major_view(tun):
     p = GAEProblem(rows=rows_of(np.float64, B, T), rewards=r, values=v, next_values=None,
                    terminated=d, truncated=None, mask=None, gamma=0.9, lam=0.8,
                    last_value=np.arange(B, dtype=np.float64), advantages=adv_tm.T, returns=ret_tm.T)
-    with cb.override(**tun):
+    with cuda_settings(tun):
         cb.gae(p)
     ea, er = gae_oracle(r, v, 0.9, 0.8, term=d, lv=np.arange(B, dtype=np.float64))
     close(adv_tm.T, ea, np.float64)
@@ -331,7 +332,7 @@ def test_returns_dones_mask_lv(tun):
     g = np.broadcast_to(np.array([[0.9], [0.99], [0.5]]), (R, T))
     p = ReturnsProblem(rows=rows_of(np.float64, R, T), rewards=r, dones=d, mask=m, gamma=g,
                        last_value=lv, returns=out)
-    with cb.override(**tun):
+    with cuda_settings(tun):
         cb.discounted_returns(p)
     assert np.all(out[~m] == 0)
     close(out, returns_oracle(r.astype(np.float64), g, dones=d, mask=m, lv=lv), np.float64)
@@ -347,7 +348,7 @@ def test_returns_packed(tun):
     out = np.full((1, 40), np.nan)
     p = ReturnsProblem(rows=rows_of(np.float64, 1, 40, cu), rewards=r, dones=d, mask=None,
                        gamma=0.9, last_value=lv, returns=out)
-    with cb.override(**tun):
+    with cuda_settings(tun):
         cb.discounted_returns(p)
     close(out, returns_oracle(r, 0.9, dones=d, lv=lv, cu=cu), np.float64)
 
@@ -365,7 +366,7 @@ def test_scan(tun, reverse):
     init = np.array([0.5, -2.0, 1.0])
     out = np.full((R, T), np.nan)
     p = ScanProblem(rows=rows_of(np.float64, R, T), a=a, b=b, reverse=reverse, initial=init, out=out)
-    with cb.override(**tun):
+    with cuda_settings(tun):
         cb.linear_scan(p)
     close(out, scan_oracle(a, b.astype(np.float64), reverse, init), np.float64)
 
@@ -458,7 +459,7 @@ def test_lookback_long_walks(layout):
     # 4 threads x 2 steps per tile: ~40 tiles per row; only every 16th tile publishes
     # its state, so look-backs span several windows of 4 flags.
     tun = dict(threads=4, k=2, k_f64=2, k_time_major=2, rows_time_major=2, rows_min_blocks=10**9,
-               debug_skip_incl=True)
+               unpublished_tiles=True)
     R, T = 3, 83
     rng = np.random.default_rng(16)
     if layout == "row-major":
@@ -472,7 +473,7 @@ def test_lookback_long_walks(layout):
     ea, er = gae_oracle(r, v, 0.97, 0.9, term=d, mask=m, lv=lv)
     close(adv, ea, np.float64)
     close(ret, er, np.float64)
-    adv2, _ = run_gae(dict(tun, debug_skip_incl=False), np.float64, r, v, 0.97, 0.9, term=d, mask=m, lv=lv)
+    adv2, _ = run_gae(dict(tun, unpublished_tiles=False), np.float64, r, v, 0.97, 0.9, term=d, mask=m, lv=lv)
     # Same association order however far the look-back walked: bit-identical.
     assert adv.tobytes() == adv2.tobytes()
 
@@ -481,7 +482,7 @@ def test_explicit_signature_launch_path():
     # On a GPU every launch goes through one dispatcher per dtype combination, with
     # all arrays typed as layout "A"; run that path here on contiguous, strided and
     # broadcast arguments (gamma per row: zero time stride).
-    tun = dict(LOOKBACK, debug_typed_in_sim=True)
+    tun = dict(LOOKBACK, typed_in_sim=True)
     rng = np.random.default_rng(17)
     base = rng.standard_normal((3, 60))
     r, v = base[:, :30], np.ascontiguousarray(base[:, 30:])
@@ -569,7 +570,7 @@ def _problem(name, rng):
             out = np.full((R, T), np.nan, dtype=f)
             p = ReturnsProblem(rows=rows_of(f, R, T), rewards=r, dones=d, mask=m, gamma=g,
                                last_value=0.5, returns=out)
-            with cb.override(**tun):
+            with cuda_settings(tun):
                 cb.discounted_returns(p)
             return (out,)
         return call, lambda: (returns_oracle(r, g, dones=d, mask=m, lv=0.5),)
@@ -580,7 +581,7 @@ def _problem(name, rng):
         def call(tun):
             out = np.full((R, T), np.nan, dtype=f)
             p = ScanProblem(rows=rows_of(f, R, T), a=a, b=r, reverse=reverse, initial=1.5, out=out)
-            with cb.override(**tun):
+            with cuda_settings(tun):
                 cb.linear_scan(p)
             return (out,)
         return call, lambda: (scan_oracle(a, r, reverse, 1.5),)
@@ -801,7 +802,7 @@ def test_fast_lookback_waits_for_unpublished_tiles(seed):
 def test_contiguous_typing_launch_path(monkeypatch):
     # With "contiguous_typing", an all-C-contiguous call gets its own explicitly typed
     # kernel (layout "C"), a strided call the layout-"A" one; both give the oracle's numbers.
-    tun = dict(LOOKBACK, debug_typed_in_sim=True, contiguous_typing=True)
+    tun = dict(LOOKBACK, typed_in_sim=True, contiguous_typing=True)
     rng = np.random.default_rng(22)
     base = rng.standard_normal((3, 60))
     r, v = np.ascontiguousarray(base[:, :30]), np.ascontiguousarray(base[:, 30:])
@@ -854,7 +855,7 @@ VECTOR_GEOMETRIES = [
     # The look-back driver shares the load and store code.
     ("lookback", VLOOKBACK),
     ("lookback-fast", dict(VLOOKBACK, fast_lookback=True)),
-    ("longwalk", dict(VLOOKBACK, debug_skip_incl=True)),
+    ("longwalk", dict(VLOOKBACK, unpublished_tiles=True)),
 ]
 
 
@@ -922,7 +923,7 @@ def _vector_problem(name, rng):
             out = np.full((1, 40), np.nan)
             p = ReturnsProblem(rows=rows_of(np.float64, 1, 40, cu), rewards=rr, dones=dd, mask=None,
                                gamma=0.9, last_value=lv, returns=out)
-            with cb.override(**tun):
+            with cuda_settings(tun):
                 cb.discounted_returns(p)
             return (out,)
         return call, lambda: (returns_oracle(rr, 0.9, dones=dd, lv=lv, cu=cu),)
@@ -933,7 +934,7 @@ def _vector_problem(name, rng):
         def call(tun):
             out = np.full((R, T), np.nan)
             p = ScanProblem(rows=rows_of(np.float64, R, T), a=a, b=b, reverse=False, initial=init, out=out)
-            with cb.override(**tun):
+            with cuda_settings(tun):
                 cb.linear_scan(p)
             return (out,)
         return call, lambda: (scan_oracle(a, b, False, init),)
@@ -1091,7 +1092,7 @@ def test_vector_access_only_where_valid(case, launched):
     p = GAEProblem(rows=rows_of(dt, R, T), rewards=r, values=v, next_values=None, terminated=d,
                    truncated=None, mask=None, gamma=float(dt(0.97)), lam=float(dt(0.9)), last_value=0.5,
                    advantages=adv, returns=ret)
-    with cb.override(**tun):
+    with cuda_settings(tun):
         cb.gae(p)
     ea, er = gae_oracle(r.astype(np.float64), v.astype(np.float64), float(dt(0.97)), float(dt(0.9)),
                         term=d, lv=0.5)

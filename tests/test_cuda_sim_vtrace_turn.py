@@ -28,6 +28,7 @@ from conftest import (  # noqa: E402
     assert_close,
     assert_unchanged,
     assert_zero_where,
+    cuda_settings,
     flag_kwargs,
     random_cu_seqlens,
     random_data,
@@ -41,7 +42,7 @@ from gaescan.backends import cuda as cb  # noqa: E402
 # Tiny geometries (threads per block, steps per thread, driver), as in test_cuda_sim.py.
 ROWS = dict(threads=8, k=2, k_f64=3, k_time_major=2, rows_time_major=4, rows_min_blocks=1)
 LOOKBACK = dict(threads=8, k=3, k_f64=2, k_time_major=3, rows_time_major=4, rows_min_blocks=10**9)
-LONGWALK = dict(LOOKBACK, k=2, debug_skip_incl=True)
+LONGWALK = dict(LOOKBACK, k=2, unpublished_tiles=True)
 MODES = pytest.mark.parametrize("tun", [ROWS, LOOKBACK, LONGWALK], ids=["rows", "lookback", "longwalk"])
 
 
@@ -55,7 +56,7 @@ def _dtype(*xs):
 def vtrace_cuda(tun, **kw):
     """``gaescan.vtrace`` on the CUDA backend, checked against the reference; the result."""
     snap = snapshot(kw)
-    with cb.override(**tun):
+    with cuda_settings(tun):
         res = gaescan.vtrace(**kw, backend="cuda")
     ref = gt.vtrace(**kw)
     dtype = _dtype(kw["rewards"], kw["values"], kw["log_rhos"], kw.get("next_values"), kw.get("last_value"),
@@ -167,7 +168,7 @@ def conversation(rng, B, T, p_new=0.2, p_mask=0.25, garbage=True):
 def turn_cuda(tun, **kw):
     """``gaescan.turn_gae`` on the CUDA backend, checked against the reference; the result."""
     snap = snapshot(kw)
-    with cb.override(**tun):
+    with cuda_settings(tun):
         res = gaescan.turn_gae(**kw, backend="cuda")
     ref = gt.turn_gae(**kw)
     dtype = _dtype(kw["rewards"], kw["values"], kw.get("last_value"), kw["gamma"], kw["lam"])

@@ -25,7 +25,9 @@ time-threads, each thread ``K`` consecutive steps per tile.
 
 Tunables live in :data:`TUNABLES` and are read on every call; :func:`override`
 changes them temporarily (tests shrink tiles so a few thousand steps cross
-every tile, block and chunk boundary).
+every tile, block and chunk boundary).  Test hooks, which make a call take
+paths that production runs reach rarely, live apart in :data:`TEST_HOOKS`
+(:func:`test_hooks`); neither changes a result.
 """
 
 from __future__ import annotations
@@ -109,15 +111,21 @@ TUNABLES: dict[str, Any] = {
     # into one buffer in Python and launch through the CUDA driver (cuLaunchKernel via
     # CuPy), skipping Numba's per-argument launch work and the device-array views.
     "raw_launch": False,
-    # Tests only: most look-back tiles never publish their state, so later tiles
-    # walk (and apply) long runs of published maps.  Results are unchanged.
-    "debug_skip_incl": False,
-    # Tests only: in the simulator, launch through the explicit-signature path used on GPUs.
-    "debug_typed_in_sim": False,
+}
+
+#: Hooks for tests and gpu-check, not settings: each makes calls take a path
+#: that production calls reach rarely, with unchanged results.
+TEST_HOOKS: dict[str, Any] = {
+    # Most look-back tiles never publish their inclusive state, so later tiles
+    # walk (and apply) long runs of published maps.
+    "unpublished_tiles": False,
+    # In the simulator, launch through the explicit-signature path used on GPUs.
+    "typed_in_sim": False,
 }
 
 _lock = threading.Lock()
 _tunables = Tunables(TUNABLES, label="CUDA tunable")
+_hooks = Tunables(TEST_HOOKS, label="CUDA test hook")
 
 #: Current value of a tunable (thread-local overrides first).
 get = _tunables.get
@@ -125,6 +133,11 @@ get = _tunables.get
 #: Temporarily override tunables in the current thread
 #: (``with override(k=2, threads=8): ...``).
 override = _tunables.override
+
+#: Temporarily set test hooks in the current thread
+#: (``with test_hooks(unpublished_tiles=True): ...``).
+test_hooks = _hooks.override
+_hook = _hooks.get
 
 
 def is_simulator() -> bool:
@@ -213,21 +226,32 @@ def vector_steps(dtype: Any, T: int, K: int) -> bool:
     return T % n == 0 and K % n == 0
 
 
-def _layout(x: Any) -> tuple[int, Any, tuple, tuple | None] | None:
-    """``(pointer, dtype, shape, strides)`` of an array, from attributes only (no device access)."""
+def _layout(x: Any, host: bool = True) -> tuple[int, np.dtype, tuple, tuple] | None:
+    """``(pointer, dtype, shape, strides in bytes)`` of an array, from attributes
+    only (no device access): CuPy's attributes, else the CUDA array interface
+    (torch tensors, Numba device arrays), else, with ``host``, the NumPy array
+    interface (the simulator's arrays).  C-contiguous strides are filled in;
+    ``None`` when the object exports none of them."""
     try:  # CuPy arrays: plain attribute reads
         return int(x.data.ptr), x.dtype, tuple(x.shape), tuple(x.strides)
     except AttributeError:
         pass
-    try:  # torch tensors, Numba device arrays; NumPy arrays (the simulator)
-        ai = getattr(x, "__cuda_array_interface__", None) or getattr(x, "__array_interface__", None)
-    except Exception:  # e.g. a tensor that refuses to export itself: the element accesses
+    try:
+        ai = getattr(x, "__cuda_array_interface__", None)
+        if ai is None and host:
+            ai = getattr(x, "__array_interface__", None)
+    except Exception:  # e.g. a tensor that refuses to export itself
         return None
     if ai is None:
         return None
+    dt, shape = np.dtype(ai["typestr"]), tuple(ai["shape"])
     strides = ai.get("strides")
-    strides = None if strides is None else tuple(strides)
-    return int(ai["data"][0]), np.dtype(ai["typestr"]), tuple(ai["shape"]), strides
+    if strides is None:
+        strides, step = [], dt.itemsize
+        for n in reversed(shape):
+            strides.insert(0, step)
+            step *= n
+    return int(ai["data"][0]), dt, shape, tuple(strides)
 
 
 def vector_ok(arrays: Any, dtype: Any) -> bool:
@@ -251,8 +275,6 @@ def vector_ok(arrays: Any, dtype: Any) -> bool:
         ptr, xdt, shape, strides = info
         if np.dtype(xdt) != dt or len(shape) != 2:
             return False
-        if strides is None:  # C-contiguous
-            strides = (shape[1] * dt.itemsize, dt.itemsize)
         if (shape[1] > 1 and strides[1] != dt.itemsize) or (shape[0] > 1 and strides[0] % 16):
             return False
         if ptr % 16:
@@ -332,8 +354,8 @@ class _Launch:
         ``OPT_VECTOR`` is set where ``T`` and ``K`` allow them too.
         """
         RW, TW, K, mode, nchunks = self.geometry()
-        if get("debug_skip_incl"):
-            opts |= kern.OPT_DEBUG_SKIP
+        if _hook("unpublished_tiles"):
+            opts |= kern.OPT_UNPUBLISHED
         if mode == kern.MODE_ROWS and nchunks > 1 and get("prefetch"):
             opts |= kern.OPT_PREFETCH
         fast = (mode == kern.MODE_LOOKBACK and RW == 1 and self.dtype == np.float32
@@ -389,7 +411,7 @@ class _Launch:
             np.int64(RW), np.int64(TW), pub, flg, lbw,
         )
         key = (kind, mode, fwd, dt.str, nsh, K, opts & _CT)
-        if not self.sim or get("debug_typed_in_sim"):
+        if not self.sim or _hook("typed_in_sim"):
             kernel = _typed(kernel, key, args, int(get("min_blocks_per_sm")), bool(get("contiguous_typing")))
         if self.sim:
             kernel[grid, (RW, TW)](*args)
@@ -502,18 +524,12 @@ def flat_array(x: Any) -> tuple:
         return (0, 0, x.size, x.itemsize, x.data.ptr) + tuple(x.shape) + tuple(x.strides)
     except AttributeError:
         pass
-    # Numba device arrays and any other array-interface object.
-    cai = x.__cuda_array_interface__
-    shape = tuple(cai["shape"])
-    itemsize = np.dtype(cai["typestr"]).itemsize
-    strides = cai.get("strides")
-    if strides is None:
-        strides, step = [], itemsize
-        for n in reversed(shape):
-            strides.insert(0, step)
-            step *= n
-    size = int(np.prod(shape, dtype=np.int64))
-    f = (0, 0, size, itemsize, cai["data"][0]) + shape + tuple(strides)
+    # Numba device arrays and any other CUDA-array-interface object.
+    info = _layout(x, host=False)
+    if info is None:
+        raise TypeError(f"a {type(x).__name__} is not a device array (no __cuda_array_interface__)")
+    ptr, dt, shape, strides = info
+    f = (0, 0, int(np.prod(shape, dtype=np.int64)), dt.itemsize, ptr) + shape + strides
     if any(x is d for d in _dummies.values()):
         _flat_cache[id(x)] = f
     return f

@@ -206,7 +206,7 @@ def walks_check(env: Env) -> str:
 
     r, v, d = env.data((4, 2**20))
     base = env.gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="cuda")
-    with cb.override(debug_skip_incl=True):
+    with cb.test_hooks(unpublished_tiles=True):
         walk = env.gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="cuda")
     with cb.override(rows_min_blocks=1):
         rows_ = env.gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="cuda")
@@ -636,8 +636,9 @@ def fast_vs_general_check(env: Env) -> str:
     rp, vp, dp = env.data((int(lens.sum()),))
     r4, v4, d4 = env.data((8, 2**20))
     out = []
-    for tun in (dict(), FL, dict(FL, debug_skip_incl=True), dict(FL, **CL), CL, SH, dict(FL, **SH)):
-        with cb.override(**tun):
+    for tun, hooks in ((dict(), {}), (FL, {}), (FL, dict(unpublished_tiles=True)), (dict(FL, **CL), {}),
+                       (CL, {}), (SH, {}), (dict(FL, **SH), {})):
+        with cb.override(**tun), cb.test_hooks(**hooks):
             a, _ = env.gaescan.gae(r4, v4, gamma=0.99, lam=0.95, dones=d4, backend="cuda")
             ap, _ = env.gaescan.gae(rp, vp, gamma=0.99, lam=0.95, dones=dp, cu_seqlens=cu, backend="cuda")
         out.append(_h(a).tobytes() + _h(ap).tobytes())

@@ -151,7 +151,7 @@ OPT_GARR = 8
 OPT_LARR = 16
 OPT_LVARR = 32
 OPT_PACKED = 64
-OPT_DEBUG_SKIP = 128  # tests only: most tiles never publish their state (longer look-backs)
+OPT_UNPUBLISHED = 128  # test hook: most tiles never publish their state (longer look-backs)
 OPT_LAARR = 256  # GAE: lv[nseg + s] holds last_advantage (A past sequence s), else 0
 # Compile-time variants (tunables "prefetch", "fast_lookback", "coalesced_loads", "shared_steps";
 # see the backend).
@@ -1131,7 +1131,7 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
                                             g, lm, g_s, l_s, lv, lv_s, cu, nseg,
                                             ok, ea, eb, ec, ev, rs, rv, rq, stg, sb, nxt, sh_tb1, sh_tb2)
             block_suffix_scan(sh, sh_agg, x, y, RW, TW, yw, wmask, ma, mb, mc, mh, mf)
-            skip = (opts & OPT_DEBUG_SKIP) != 0 and c_rev % 16 != 0
+            skip = (opts & OPT_UNPUBLISHED) != 0 and c_rev % 16 != 0
             if FASTLB:
                 # One row per block (RW = 1): warp 0 publishes and looks back.
                 if y < 32:
