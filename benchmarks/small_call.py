@@ -77,8 +77,8 @@ def main() -> None:
     ap.add_argument("--core", type=int, default=1, help="the core to pin to (with taskset)")
     args = ap.parse_args()
     pin = ["taskset", "-c", str(args.core)] if shutil.which("taskset") else []
-    print(f"# small calls: gaescan.gae f32 [8, T] with dones, validation included, microseconds per call: "
-          f"[median, 10th percentile] of 61 blocks of 300 calls")
+    print("# small calls: gaescan.gae f32 [8, T] with dones, validation included, microseconds per call: "
+          "[median, 10th percentile] of 61 blocks of 300 calls")
     print(f"# each tree in its own process{', pinned to core ' + str(args.core) if pin else ''}, alternating "
           f"({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)")
     print(f"# machine: {_cpu_model()}, {os.cpu_count()} logical CPUs; Python {platform.python_version()}")

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import _dispatch, _kept
 from . import _validate as v
-from ._arrays import Context, any_dask, resolve
+from ._arrays import Context, any_dask, resolve, takes_dask
 from ._problem import GAEResult
 
 __all__ = ["GAEResult", "gae", "discounted_returns", "linear_scan"]
@@ -51,6 +51,7 @@ def _computed_out(ctx: Context, out: Any, count: int) -> Any:
     return ctx.to_compute(out)
 
 
+@takes_dask
 def gae(
     rewards: Any,
     values: Any,
@@ -198,6 +199,7 @@ def gae(
         return GAEResult(ctx.from_compute(adv), ctx.from_compute(ret))
 
 
+@takes_dask
 def discounted_returns(
     rewards: Any,
     *,
@@ -281,6 +283,7 @@ def discounted_returns(
         return out if out is not None else ctx.from_compute(res)
 
 
+@takes_dask
 def linear_scan(
     a: Any,
     b: Any,

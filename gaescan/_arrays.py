@@ -13,9 +13,9 @@ from __future__ import annotations
 import contextlib
 import numbers
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -228,6 +228,19 @@ def _no_array() -> Context:
     raise TypeError("no array argument given: pass the data as an array, not only scalars")
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The public functions that take Dask arrays (lazily), as :func:`takes_dask` registers them.
+DASK_FUNCTIONS: list[str] = []
+
+
+def takes_dask(func: F) -> F:
+    """Register a public function that routes Dask arrays to its Dask path
+    (named in the error of every function that does not)."""
+    DASK_FUNCTIONS.append(func.__name__)
+    return func
+
+
 def resolve(named: Mapping[str, Any], types: tuple | None = None) -> Context:
     """Find the single array library (and device) of a call's arguments.
 
@@ -276,10 +289,10 @@ def resolve(named: Mapping[str, Any], types: tuple | None = None) -> Context:
     if lib == "dask":
         # The functions with a Dask path route Dask arrays to it before they get
         # here; everything else needs in-memory arrays.
+        names = ", ".join(f"gaescan.{n}" for n in DASK_FUNCTIONS)
         raise TypeError(
-            "this function needs in-memory arrays, not Dask arrays; gaescan.gae, "
-            "discounted_returns, linear_scan, vtrace, group_normalize, whiten and moments "
-            "accept Dask arrays directly (lazily); for this one, compute them first (x.compute())"
+            f"this function needs in-memory arrays, not Dask arrays; {names} accept Dask arrays "
+            "directly (lazily); for this one, compute them first (x.compute())"
         )
     if lib == "torch":
         (desc,) = seen

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import _validate as v
-from ._arrays import Context, any_dask, may_overlap, resolve
+from ._arrays import Context, any_dask, may_overlap, resolve, takes_dask
 from ._dispatch import choose
 
 __all__ = ["Moments", "group_normalize", "whiten", "moments", "combine_moments"]
@@ -154,6 +154,7 @@ def _check_groups(s: Any, labels: Any, group_size: int | None) -> int:
 # --------------------------------------------------------------------------- group_normalize
 
 
+@takes_dask
 def group_normalize(
     scores: Any,
     *,
@@ -315,6 +316,7 @@ def _stat(xp: Any, f: Any, name: str, ndim: int | None) -> Any:
     return f.astype(_F8)
 
 
+@takes_dask
 def moments(x: Any, mask: Any = None, *, backend: str = "auto") -> Moments:
     r"""Count, mean and centred sum of squares of the valid elements of ``x``.
 
@@ -369,6 +371,7 @@ def moments(x: Any, mask: Any = None, *, backend: str = "auto") -> Moments:
     return Moments(*(ctx.from_compute(f) for f in fields))
 
 
+@takes_dask
 def whiten(
     x: Any,
     mask: Any = None,

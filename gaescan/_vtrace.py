@@ -30,7 +30,7 @@ import numpy as np
 
 from . import _dispatch as d
 from . import _validate as v
-from ._arrays import any_dask, resolve
+from ._arrays import any_dask, resolve, takes_dask
 from ._problem import Coeff, Rows
 
 __all__ = ["VTraceResult", "vtrace"]
@@ -123,6 +123,7 @@ def _plan(xp: Any, c: dict[str, Any], axis: Any) -> d.Plan:
     return plan
 
 
+@takes_dask
 def vtrace(
     rewards: Any,
     values: Any,

@@ -398,3 +398,26 @@ def test_distributed_returns_and_forward_scan(client, rng):
     g, yy = client.compute([G, y], sync=True)
     assert_close(g, gt.discounted_returns(r, gamma=0.97, dones=d, last_value=1.0), np.float32)
     assert_close(yy, gt.linear_scan(0.9, r, initial=np.ones(B, np.float32)), np.float32)
+
+
+def test_the_functions_named_as_taking_dask_arrays_take_them():
+    # The refusal of every other function names these (gaescan._arrays.DASK_FUNCTIONS).
+    from gaescan import _arrays
+
+    x = da.from_array(np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32), chunks=(2, 16))
+    calls = {
+        "gae": lambda: gaescan.gae(x, x, gamma=0.9, lam=0.9),
+        "discounted_returns": lambda: gaescan.discounted_returns(x, gamma=0.9),
+        "linear_scan": lambda: gaescan.linear_scan(0.9, x),
+        "vtrace": lambda: gaescan.vtrace(x, x, x * 0, gamma=0.9, lam=1.0),
+        "group_normalize": lambda: gaescan.group_normalize(x[:, 0], group_size=2),
+        "moments": lambda: gaescan.moments(x),
+        "whiten": lambda: gaescan.whiten(x),
+    }
+    assert sorted(_arrays.DASK_FUNCTIONS) == sorted(calls)
+    for name, f in calls.items():
+        res = f()
+        parts = res if isinstance(res, tuple) else (res,)
+        assert parts and all(dask.is_dask_collection(p) for p in parts), name
+    with pytest.raises(TypeError, match="gaescan.gae, gaescan.discounted_returns.*compute them first"):
+        gaescan.gae_summary(x, x, gamma=0.9, lam=0.9)

@@ -63,19 +63,20 @@ _F4 = np.dtype(np.float32)
 F32_STATE_MAX_DECAY = float(np.float32(0.99))
 
 
-def _narrow(rows: Rows, *coeffs: Coeff) -> bool:
+def _narrow(rows: Rows, *coeffs: Coeff, cols: tuple | None = None) -> bool:
     """Whether a float32 output may carry its state in float32: each
     coefficient scalar or per-row, and the largest absolute product of the
     coefficients (as the kernels see them, rounded to float32) at most
-    ``F32_STATE_MAX_DECAY``.  A NaN coefficient answers ``False``."""
+    ``F32_STATE_MAX_DECAY``.  A NaN coefficient answers ``False``.  ``cols``:
+    the coefficients' per-row columns (:func:`_column`), when the caller has them."""
     if rows.dtype != _F4:
         return False
     decay: Any = 1.0
-    for c in coeffs:
+    for k, c in enumerate(coeffs):
         if isinstance(c, float):
             decay = decay * abs(float(np.float32(c)))
             continue
-        col = _column(c, rows)
+        col = _column(c, rows) if cols is None else cols[k]
         if col is None or col.size == 0:
             return False
         decay = decay * np.abs(col.astype(np.float64))
@@ -372,8 +373,8 @@ def discounted_returns(p: ReturnsProblem) -> None:
         if gcol is not None:
             kernel = cpu.returns_rows_fused_1t if rows.R * rows.T <= SERIAL_MAX_STEPS else cpu.returns_rows_fused
             term = _NO_FLAGS if p.dones is None else _flag8(p.dones)
-            _run(kernel, _narrow(rows, p.gamma))(r, term, p.dones is not None, gcol, _bound(p.last_value, rows),
-                                                 p.returns)
+            narrow = _narrow(rows, p.gamma, cols=(gcol,))
+            _run(kernel, narrow)(r, term, p.dones is not None, gcol, _bound(p.last_value, rows), p.returns)
             return
     args = [r, _coeff(p.gamma, rows), _flag(p.dones, rows, False), _flag(p.mask, rows, True)]
     bound, zero = _bound(p.last_value, rows), rows.dtype.type(0)
