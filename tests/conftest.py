@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,6 +179,27 @@ def cuda_settings(settings: dict):
     hooks = {k: x for k, x in settings.items() if k in cb.TEST_HOOKS}
     with cb.override(**{k: x for k, x in settings.items() if k not in hooks}), cb.test_hooks(**hooks):
         yield
+
+
+def run_in_threads(work, n: int = 8) -> list:
+    """Run ``work(k)`` for ``k`` in ``range(n)`` on ``n`` threads that start
+    together (a barrier); the exceptions they raised, in no order."""
+    errors: list = []
+    barrier = threading.Barrier(n)
+
+    def run(k):
+        try:
+            barrier.wait()
+            work(k)
+        except BaseException as exc:  # reported to the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
 
 
 def assert_close(actual, expected, dtype, *, shape=None):

@@ -4,10 +4,9 @@ choices depend on takes the route again."""
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
+from conftest import run_in_threads
 
 import gaescan
 import gaescan.testing as gt
@@ -204,22 +203,13 @@ def test_kept_calls_from_threads(routes, rng, steps):
     data = [_case(np.random.default_rng(k), R, T) for k in range(4)]
     want = [_routed(lambda r=r, v=v, d=d: gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d)) for r, v, d in data]
     gaescan.gae(*data[0][:2], gamma=0.99, lam=0.95, dones=data[0][2])
-    errors, barrier = [], threading.Barrier(8)
 
     def work(k):
-        try:
-            barrier.wait()
-            for _ in range(20):
-                r, v, d = data[k % 4]
-                _same_bits(gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d), want[k % 4])
-        except BaseException as exc:  # reported below
-            errors.append(exc)
+        for _ in range(20):
+            r, v, d = data[k % 4]
+            _same_bits(gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d), want[k % 4])
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_in_threads(work)
     assert not errors, errors
     assert routes[0] == 1 + 4  # the routed references and the one kept call
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import threading
 import tracemalloc
 
 import numpy as np
 import pytest
+from conftest import run_in_threads
 
 import gaescan
 import gaescan.testing as gt
@@ -134,25 +134,14 @@ def test_thread_safety():
     ref, _ = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="numba")
     rT, vT, dT = (np.ascontiguousarray(x.T) for x in (r, v, d))
     refT, _ = gaescan.gae(rT, vT, gamma=0.99, lam=0.95, dones=dT, axis=0, backend="numba")
-    errors = []
-    barrier = threading.Barrier(8)
 
     def work(k):
-        try:
-            barrier.wait()
-            for _ in range(5):
-                a, _ = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="numba")
-                b, _ = gaescan.gae(rT, vT, gamma=0.99, lam=0.95, dones=dT, axis=0, backend="numba")
-                if not (np.array_equal(a, ref) and np.array_equal(b, refT)):
-                    errors.append(k)
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+        for _ in range(5):
+            a, _ = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="numba")
+            b, _ = gaescan.gae(rT, vT, gamma=0.99, lam=0.95, dones=dT, axis=0, backend="numba")
+            assert np.array_equal(a, ref) and np.array_equal(b, refT), k
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_in_threads(work)
     assert not errors
 
 

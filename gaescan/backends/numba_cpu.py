@@ -160,23 +160,22 @@ def _time_major(*arrays: np.ndarray) -> bool:
 
 
 def gae(p: GAEProblem) -> None:
-    rows = p.rows
-    if rows.cu_seqlens is None and (p.next_values is None or p.mask is None):
-        prep = _fused_prep(p, rows)
-        if prep is not None and _gae_fast(p, rows, prep):
-            return
-    _gae_general(p, rows)
+    _gae(p, False)
 
 
 def gae_kept(p: GAEProblem) -> Any:
     """:func:`gae`, returning a replay of the call (see :mod:`gaescan._kept`)
     when it ran the batch-major fused kernel on arrays it needed no cast for;
     else ``None``."""
+    return _gae(p, True)
+
+
+def _gae(p: GAEProblem, keep: bool) -> Any:
     rows = p.rows
     if rows.cu_seqlens is None and (p.next_values is None or p.mask is None):
         prep = _fused_prep(p, rows)
         if prep is not None and _gae_fast(p, rows, prep):
-            return _fused_replay(p, rows, prep)
+            return _fused_replay(p, rows, prep) if keep else None
     _gae_general(p, rows)
     return None
 
@@ -277,69 +276,56 @@ def _gae_narrow(p: GAEProblem, rows: Rows, gcol: np.ndarray, lcol: np.ndarray) -
 def _gae_fast(p: GAEProblem, rows: Rows, prep: _Fused) -> bool:
     """Run a fused kernel; ``False`` when none fits (time-major rows that the
     fused time-major kernels cannot take go to the general sweep instead)."""
-    dtype = rows.dtype
-    r, v, term, mask = p.rewards, p.values, p.terminated, p.mask
-    if r.dtype is not dtype:
-        r = r.astype(dtype, copy=False)
-    if v.dtype is not dtype:
-        v = v.astype(dtype, copy=False)
-    if term is not None:
-        term = _flag8(term)
-    if mask is not None:
-        mask = _flag8(mask)
-    adv, ret = p.advantages, p.returns
+    r, v = _data(p.rewards, rows), _data(p.values, rows)
+    term = None if p.terminated is None else _flag8(p.terminated)
+    mask = None if p.mask is None else _flag8(p.mask)
     if _sweep_time_major(rows, r):
         return _gae_fast_time_major(p, rows, prep, r, v, term, mask)
-    if p.next_values is not None:
-        # the next_values loop reads both flags: absent ones as zero-stride views of 0
-        prep.rows_call(r, v, _data(p.next_values, rows), True, _flag(p.terminated, rows, False), term is not None,
-                       _flag(p.truncated, rows, False), _NO_FLAGS, False, prep.gcol, prep.lcol, prep.bound,
+    nv = None if p.next_values is None else _data(p.next_values, rows)
+    trunc = None if p.truncated is None else _flag8(p.truncated)
+    _call_rows(prep, r, v, nv, term, trunc, mask, p.advantages, p.returns)
+    return True
+
+
+def _call_rows(prep: _Fused, r: np.ndarray, v: np.ndarray, nv: np.ndarray | None, term: np.ndarray | None,
+               trunc: np.ndarray | None, mask: np.ndarray | None, adv: np.ndarray, ret: np.ndarray) -> None:
+    """The batch-major fused kernel on prepared arrays (flags as uint8 views
+    or ``None``).  With ``next_values`` the kernel reads both flags: absent
+    ones as zero-stride views of 0."""
+    if nv is not None:
+        zeros = np.ndarray(r.shape, np.uint8, _ZERO8, 0, (0, 0))
+        prep.rows_call(r, v, nv, True, zeros if term is None else term, term is not None,
+                       zeros if trunc is None else trunc, _NO_FLAGS, False, prep.gcol, prep.lcol, prep.bound,
                        prep.carry, adv, ret)
-        return True
+        return
     prep.rows_call(r, v, v, False, _NO_FLAGS if term is None else term, term is not None, _NO_FLAGS,
                    _NO_FLAGS if mask is None else mask, mask is not None, prep.gcol, prep.lcol, prep.bound,
                    prep.carry, adv, ret)
-    return True
 
 
 def _fused_replay(p: GAEProblem, rows: Rows, prep: _Fused) -> Any:
     """A replay of the batch-major fused call that :func:`_gae_fast` just
     made, for arrays of the same structure: ``None`` for time-major rows,
     data to cast or flags to compare.  The replay allocates the outputs and
-    calls the same build with the same arguments; it returns ``None`` once
+    makes the same :func:`_call_rows`; it returns ``None`` once
     ``SERIAL_MAX_STEPS`` or ``F32_STATE_MAX_DECAY`` differs from the values
     its kernel choice read."""
     dtype = rows.dtype
-    nv = p.next_values
     if _sweep_time_major(rows, p.rewards) or any(
-            x is not None and x.dtype is not dtype for x in (p.rewards, p.values, nv)):
+            x is not None and x.dtype is not dtype for x in (p.rewards, p.values, p.next_values)):
         return None
-    flags = (p.terminated, p.truncated, p.mask)
-    if any(x is not None and (x.dtype.itemsize != 1 or x.dtype.kind not in "biu") for x in flags):
+    if any(x is not None and (x.dtype.itemsize != 1 or x.dtype.kind not in "biu")
+           for x in (p.terminated, p.truncated, p.mask)):
         return None
-    call, gcol, lcol, bound, carry = prep.rows_call, prep.gcol, prep.lcol, prep.bound, prep.carry
     shape, serial_max, max_decay = (rows.R, rows.T), SERIAL_MAX_STEPS, F32_STATE_MAX_DECAY
-    has_term, has_trunc, has_mask = (x is not None for x in flags)
-    u8, no_flags, empty = np.uint8, _NO_FLAGS, np.empty
-    if nv is not None:
-        zeros = _flag(None, rows, False)
-
-        def replay_next(r, v, nv, term, trunc, mask):
-            if serial_max is not SERIAL_MAX_STEPS or max_decay is not F32_STATE_MAX_DECAY:
-                return None
-            adv, ret = empty(shape, dtype), empty(shape, dtype)
-            call(r, v, nv, True, term.view(u8) if has_term else zeros, has_term,
-                 trunc.view(u8) if has_trunc else zeros, no_flags, False, gcol, lcol, bound, carry, adv, ret)
-            return adv, ret
-
-        return replay_next
+    u8, empty, call = np.uint8, np.empty, _call_rows
 
     def replay(r, v, nv, term, trunc, mask):
         if serial_max is not SERIAL_MAX_STEPS or max_decay is not F32_STATE_MAX_DECAY:
             return None
         adv, ret = empty(shape, dtype), empty(shape, dtype)
-        call(r, v, v, False, term.view(u8) if has_term else no_flags, has_term, no_flags,
-             mask.view(u8) if has_mask else no_flags, has_mask, gcol, lcol, bound, carry, adv, ret)
+        call(prep, r, v, nv, None if term is None else term.view(u8), None if trunc is None else trunc.view(u8),
+             None if mask is None else mask.view(u8), adv, ret)
         return adv, ret
 
     return replay
