@@ -11,6 +11,7 @@ The references are ``gaescan.testing``'s float64 loops, independent of the kerne
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import numpy as np
@@ -746,10 +747,21 @@ def test_shared_steps_where_they_apply(case, launched):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_fast_lookback_waits_for_unpublished_tiles(seed):
+def test_fast_lookback_waits_for_unpublished_tiles(seed, monkeypatch):
     import time
 
+    from numba.cuda.simulator import kernelapi
+
     from gaescan.kernels import cuda as kern
+
+    sleeps = []  # lane 0's back-off delays (every lane of the polling warp sleeps)
+
+    def nanosleep(self, ns):
+        if self.threadIdx.y == 0:
+            sleeps.append(int(ns))
+        time.sleep(0)
+
+    monkeypatch.setattr(kernelapi.FakeCUDAModule, "nanosleep", nanosleep)
 
     parts = {}
     kern._build(kern.SCAN, kern.MODE_LOOKBACK, False, np.dtype(np.float32), 64, 1, kern.OPT_FASTLB, parts)
@@ -797,6 +809,9 @@ def test_fast_lookback_waits_for_unpublished_tiles(seed):
     # Whichever state the look-back started from, it applied the maps after it in
     # order: the same operations, the same bits.
     assert out[0].tobytes() == state[c_rev - 1].tobytes()
+    # Rounds that met an unpublished nearest tile backed off, doubling up to the cap.
+    assert sleeps and sleeps[0] == kern.BACKOFF_MIN_NS and max(sleeps) <= kern.BACKOFF_MAX_NS
+    assert all(b in (min(a * 2, kern.BACKOFF_MAX_NS), kern.BACKOFF_MIN_NS) for a, b in itertools.pairwise(sleeps))
 
 
 def test_contiguous_typing_launch_path(monkeypatch):

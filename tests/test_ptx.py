@@ -349,8 +349,10 @@ def _compile_and_check(case, cc, layout):
     if mode == kern.MODE_ROWS:
         need, absent = ("bar.sync",), ("atom.global",)
     elif ct & kern.OPT_FASTLB:
-        # Flags and values travel together in 64-bit atomics: no fence at all.
-        need, absent = ("bar.sync", "exch.b64", "vote.sync.ballot", "shfl.sync.idx"), ("membar", "fence.")
+        # Flags and values travel together in 64-bit atomics: no fence at all; a
+        # fruitless polling round backs off.
+        need, absent = ("bar.sync", "exch.b64", "vote.sync.ballot", "shfl.sync.idx", "nanosleep.u32"), \
+            ("membar", "fence.")
     else:
         need, absent = ("bar.sync", "atom.global", "membar.gl"), ()
     if ct & kern.OPT_VECTOR:

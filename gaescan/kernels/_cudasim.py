@@ -3,8 +3,8 @@
 The CUDA kernels scan within a warp with ``cuda.shfl_down_sync``, and the
 fast look-back polls with ``cuda.ballot_sync`` and broadcasts with
 ``cuda.shfl_sync``.  The simulator runs each thread of a block as a Python
-thread but provides no warp intrinsics; :func:`install` adds those three and
-``syncwarp`` to its fake ``cuda`` module, so the simulator runs the very
+thread but provides no warp intrinsics; :func:`install` adds those three,
+``syncwarp`` and ``nanosleep`` (the look-back's back-off) to its fake ``cuda`` module, so the simulator runs the very
 kernel code that runs on a GPU.  :func:`f32_bits` and :func:`bits_f32` stand
 in for libdevice's ``float_as_int`` / ``int_as_float`` (stubs in the
 simulator).
@@ -21,6 +21,7 @@ undefined there, and the kernels ignore it).
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 
@@ -110,11 +111,17 @@ def _syncwarp(self, mask=_FULL_MASK):
     warp.barrier.wait()
 
 
+def _nanosleep(self, ns):
+    # A polling loop's back-off: let the other simulated threads (Python threads) run.
+    time.sleep(0)
+
+
 def install() -> None:
     """Give the simulator's fake ``cuda`` module the warp intrinsics it lacks."""
     from numba.cuda.simulator import kernelapi
 
     for name, fn in (("shfl_down_sync", _shfl_down_sync), ("shfl_sync", _shfl_sync),
-                     ("ballot_sync", _ballot_sync), ("syncwarp", _syncwarp)):
+                     ("ballot_sync", _ballot_sync), ("syncwarp", _syncwarp),
+                     ("nanosleep", _nanosleep)):
         if not hasattr(kernelapi.FakeCUDAModule, name):
             setattr(kernelapi.FakeCUDAModule, name, fn)

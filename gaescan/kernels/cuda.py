@@ -73,8 +73,9 @@ give the default kernels' bits):
   a flag in its high half and a float32 in its low half, written with one
   atomic exchange and read with atomics.  A flag can never be seen without
   its value, so no memory fence is needed; warp 0 polls 32 tiles per round
-  (``ballot_sync``) and hands the maps out with ``shfl_sync``, with one
-  block barrier after the look-back instead of several per round.
+  (``ballot_sync``), backs off (``nanosleep``) after a round that finds
+  nothing new, and hands the maps out with ``shfl_sync``, with one block
+  barrier after the look-back instead of several per round.
 * ``OPT_CLOAD`` — the loads mirror the stores: a thread's ``K`` consecutive
   steps make each of its float load instructions touch a different 32-byte
   sector from its neighbour's (a warp instruction reads 32 sectors for 128
@@ -186,6 +187,9 @@ def _unstaged_bits(kind: int) -> int:
 
 FLAG_AGG = 1
 FLAG_INCL = 2
+# The fast look-back's back-off between fruitless polling rounds, in nanoseconds.
+BACKOFF_MIN_NS = 32
+BACKOFF_MAX_NS = 1024
 MAP_SLOTS = 8  # elements per row in a record's map section (5 used)
 
 
@@ -928,12 +932,18 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
         floating-point operations, so the same bits.  The state and the maps
         polled in the last round are applied from the words the poll read (a
         word is written once): only maps found in earlier rounds are read again.
+        A round that finds the nearest tile still unpublished backs off before
+        polling again (``nanosleep``, doubling from ``BACKOFF_MIN_NS`` up to
+        ``BACKOFF_MAX_NS``; any progress starts the doubling again), so that
+        waiting warps leave the memory system and the SM's issue slots to the
+        blocks they wait for.  No block barrier is inside the loop.
         """
         zero = CAST(0)
         wm = warp_mask(0, y, 1, TW)
         wl = TW if TW < 32 else 32
         jb = c_rev - 1  # the latest tile not yet known to hold a map
         fi = np.int64(0)
+        delay = np.uint32(BACKOFF_MIN_NS)
         ls = zero
         la = CAST(1)
         lc = zero
@@ -963,10 +973,17 @@ def _build(KIND, MODE, FWD, dtype, NSH, K, CT, parts=None):  # noqa: C901 - one 
             fn = lowest_lane(cuda.ballot_sync(wm, st == 0))
             if fi < fn:
                 searching = False
+            elif fn == 0:
+                # The nearest tile is unpublished: nothing to take from this round.
+                cuda.nanosleep(delay)
+                if delay < BACKOFF_MAX_NS:
+                    delay = np.uint32(delay * 2)
             elif fn < 32:
                 jb -= fn  # maps up to there: poll again from the first unpublished tile
+                delay = np.uint32(BACKOFF_MIN_NS)
             else:
                 jb -= wl
+                delay = np.uint32(BACKOFF_MIN_NS)
         # Lane fi holds the state of tile jb - fi; lanes fi - 1 .. 0 the maps of the
         # tiles after it, up to jb, in time order.
         A = cuda.shfl_sync(wm, ls, fi)
