@@ -1,6 +1,6 @@
 """Memory direction probe and the batch-major kernels against a baseline.
 
-Run: ``python benchmarks/stream_direction.py [--repeat N] [--old PATH | --prefetch]``.
+Run: ``python benchmarks/stream_direction.py [--repeat N] [--old PATH]``.
 
 (a) The probe: a ``prange`` copy ``out = r - v`` over ``[256, 131072]``
 float32 rows, once walking each row upwards in memory and once walking each
@@ -14,8 +14,7 @@ same shape: median time, GB/s and × triad (a float32 triad over the same
 element count, timed in turn with the case's runs).  With ``--old PATH`` (a copy of
 another version of ``gaescan/kernels/cpu.py``, imported as a module in its
 place) each case also runs on that version, old and new runs alternating, so
-that both see the same machine load.  ``--prefetch`` takes as that version
-the kernels' prefetching build (the same module with ``_PREFETCH = True``).
+that both see the same machine load.
 """
 
 from __future__ import annotations
@@ -94,23 +93,6 @@ def _load(path: str):
     return mod
 
 
-def _prefetching_copy() -> str:
-    """A copy of ``gaescan/kernels/cpu.py`` with ``_PREFETCH = True``, in a temporary directory."""
-    import os
-    import tempfile
-
-    from gaescan.kernels import cpu
-
-    with open(cpu.__file__) as fh:
-        src = fh.read()
-    if "\n_PREFETCH = False\n" not in src:
-        raise SystemExit("gaescan/kernels/cpu.py has no '_PREFETCH = False' line to switch")
-    path = os.path.join(tempfile.mkdtemp(prefix="gaescan-prefetch-"), "cpu_prefetch.py")
-    with open(path, "w") as fh:
-        fh.write(src.replace("\n_PREFETCH = False\n", "\n_PREFETCH = True\n"))
-    return path
-
-
 def _on(mod, f):
     """``f`` with the backend's kernels taken from ``mod``."""
     def run():
@@ -185,9 +167,6 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--old", help="path of a baseline copy of gaescan/kernels/cpu.py")
-    ap.add_argument("--prefetch", action="store_true",
-                    help="compare the current kernels with their prefetching build (_PREFETCH = True), "
-                         "as the 'old' column")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     ap.add_argument("--shape", type=int, nargs=2, default=(256, 131072), metavar=("B", "T"))
     args = ap.parse_args(argv)
@@ -206,10 +185,8 @@ def main(argv=None):
     def triad():
         _triad(ta, tb, tc, np.float32(3.0))
 
-    if args.prefetch:
-        args.old = _prefetching_copy()
     old = _load(args.old) if args.old else None
-    print("(b) kernels" + (f" (old: {'the prefetching build' if args.prefetch else args.old})" if old else ""))
+    print("(b) kernels" + (f" (old: {args.old})" if old else ""))
     head = f"    {'case':40s} {'new':>10s} {'GB/s':>6s} {'x triad':>7s}"
     if old:
         head += f" {'old':>10s} {'x triad':>7s} {'new/old':>7s}"

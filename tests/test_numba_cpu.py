@@ -282,7 +282,7 @@ def test_fused_returns_rows_keep_their_own_coefficients(build_spy, monkeypatch, 
     same bits."""
     from gaescan.backends import numba_cpu as nc
 
-    rng, r, _, d = _data(R, 2 * cpu._L + 37, seed=R, p=0.02)
+    rng, r, _, d = _data(R, 293, seed=R, p=0.02)
     r = r.astype(dtype)
     per_row = rng.uniform(0.8, 1.0, (R, 1)).astype(dtype)
     last = rng.standard_normal(R).astype(dtype)
@@ -558,15 +558,15 @@ def test_state_helpers_cover_every_state_helper():
         assert "_f8" in names or names & state, k.__name__
 
 
-# ------------------------------------------------------------ prefetch tiles
+# ------------------------------------------------------------ lengths
 
-_L = cpu._L
-# Lengths across every tile edge of the prefetch schedule (a row runs in
-# tiles of _L steps from its end; tile k requests tile k + 2), primes, 2**17.
-TILE_LENGTHS = [1, _L - 1, _L, _L + 1, 2 * _L + 1, 3 * _L - 1, 3 * _L + 1, 1031, 4099, 1 << 17]
+_P = 128
+# Lengths around a power of two and its small multiples (one step either
+# side of _P, 2 * _P and 3 * _P), primes, 2**17.
+LENGTHS = [1, _P - 1, _P, _P + 1, 2 * _P + 1, 3 * _P - 1, 3 * _P + 1, 1031, 4099, 1 << 17]
 
 
-def _tile_cases(T, dtype):
+def _length_cases(T, dtype):
     """``(name, function, arguments)``: every batch-major kernel path, on
     three rows (a pair and a lone row) of ``T`` steps."""
     rng, r, v, d = _data(3, T, seed=T, dtype=dtype, p=0.01)
@@ -578,7 +578,7 @@ def _tile_cases(T, dtype):
     N = 3 * T
     # segments of unequal lengths (segments run in pairs: the second of the
     # first pair is the longer one, the first of the second pair), a lone one
-    cu = np.unique(np.clip([0, 5, T + _L + 1, 2 * T + 3, N - 2 * _L - 1, N], 0, N))
+    cu = np.unique(np.clip([0, 5, T + _P + 1, 2 * T + 3, N - 2 * _P - 1, N], 0, N))
     gae, ret, scan = gaescan.gae, gaescan.discounted_returns, gaescan.linear_scan
     return [
         ("gae dones", gae, dict(rewards=r, values=v, gamma=0.99, lam=0.95, dones=d, last_value=0.5)),
@@ -599,13 +599,13 @@ def _tile_cases(T, dtype):
     ]
 
 
-@pytest.mark.parametrize("T", TILE_LENGTHS)
+@pytest.mark.parametrize("T", LENGTHS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_tile_edges_every_path(T, dtype):
-    """Every batch-major path, on lengths across the prefetch tiles' edges,
+def test_lengths_every_path(T, dtype):
+    """Every batch-major path, on lengths around powers of two and primes,
     against the float64 reference of ``gaescan.testing``."""
     gae_fn = gaescan.gae
-    for name, fn, kw in _tile_cases(T, dtype):
+    for name, fn, kw in _length_cases(T, dtype):
         got = fn(**kw, backend="numba")
         ref = getattr(gt, fn.__name__)(**kw)
         pairs = zip(got, ref, strict=True) if fn is gae_fn else [(got, ref)]
@@ -614,10 +614,10 @@ def test_tile_edges_every_path(T, dtype):
             gt.assert_close(x, y, dtype=dtype)
 
 
-@pytest.mark.parametrize("T", [_L + 1, 3 * _L + 1])
-def test_tile_edges_reversed_and_strided_views(T):
-    """Negative and non-unit strides along time (the prefetch addresses
-    follow the strides): same bits as on contiguous copies."""
+@pytest.mark.parametrize("T", [_P + 1, 3 * _P + 1])
+def test_reversed_and_strided_views(T):
+    """Negative and non-unit strides along time (every address follows the
+    strides): same bits as on contiguous copies."""
     _, r, v, d = _data(3, 2 * T, seed=7)
     for view in (np.s_[:, ::-1], np.s_[:, ::2], np.s_[:, ::-3]):
         rv, vv, dv = r[view], v[view], d[view]
@@ -628,58 +628,3 @@ def test_tile_edges_reversed_and_strided_views(T):
         np.testing.assert_array_equal(b, e)
         y = gaescan.linear_scan(0.9, rv, reverse=True, backend="numba")
         np.testing.assert_array_equal(y, gaescan.linear_scan(0.9, rc, reverse=True, backend="numba"))
-
-
-@pytest.mark.slow
-def test_the_prefetching_build_gives_the_same_bits(tmp_path, monkeypatch):
-    # The candidate build with software prefetches (kernels/cpu.py, _PREFETCH)
-    # changes no arithmetic: every batch-major path gives the default build's bits.
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    from gaescan.backends import numba_cpu
-
-    src = Path(cpu.__file__).read_text()
-    assert "\n_PREFETCH = False\n" in src
-    path = tmp_path / "cpu_prefetch.py"
-    path.write_text(src.replace("\n_PREFETCH = False\n", "\n_PREFETCH = True\n"))
-    name = "gaescan.kernels._cpu_prefetch_test"
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, name, mod)
-    spec.loader.exec_module(mod)
-    assert mod._PREFETCH
-    T = 3 * cpu._L + 7
-    rng, r, v, d = _data(3, T, seed=5)
-    nv = rng.standard_normal((3, T)).astype(np.float32)
-    m = rng.random((3, T)) < 0.8
-    a = rng.uniform(0.5, 1.0, (3, T)).astype(np.float32)
-    cu = np.array([0, 5, 400, 401, 3 * T], dtype=np.int64)
-    rp, vp = r.reshape(-1), v.reshape(-1)
-    cases = [
-        lambda: gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d),
-        lambda: gaescan.gae(r, v, gamma=0.99, lam=0.95, mask=m),
-        lambda: gaescan.gae(r, v, gamma=0.99, lam=0.95, next_values=nv, terminated=d, truncated=m),
-        lambda: gaescan.gae(r, v, gamma=a, lam=0.95, dones=d, mask=m),
-        lambda: gaescan.gae(rp, vp, gamma=0.99, lam=0.95, cu_seqlens=cu),
-        lambda: gaescan.discounted_returns(r, gamma=a, dones=d),
-        lambda: gaescan.linear_scan(a, r, reverse=True),
-    ]
-    for k, f in enumerate(cases):
-        want = f()
-        monkeypatch.setattr(numba_cpu, "cpu", mod)
-        numba_cpu._PREPS.clear()
-        _kept.clear()
-        try:
-            got = f()
-        finally:
-            monkeypatch.setattr(numba_cpu, "cpu", cpu)
-            numba_cpu._PREPS.clear()
-            _kept.clear()
-        for w, g in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,),
-                        strict=True):
-            assert w.tobytes() == g.tobytes(), f"case {k}"
-    # the calls above ran the copy's kernels, not the default ones
-    assert {k.__name__ for k in mod.all_kernels() if k._builds or k._narrow_builds} >= {
-        "gae_rows_fused_1t", "gae_rows", "returns_rows", "scan_rows"}

@@ -38,24 +38,12 @@ sequences per loop (two independent chains hide each other's latency): rows
 ``2u`` and ``2u + 1``, or segments ``2u`` and ``2u + 1`` of a packed row.
 They serve every feature combination.
 
-Memory order.  The batch-major kernels scan each row from its end, but the
-hardware prefetchers of some x86 CPUs do not follow a descending stream.  The
-kernels can therefore be built to request their memory with software
-prefetches, in ascending address order (``_PREFETCH = True``, a candidate
-beside the default build without them, see below): a row (or segment) is cut into tiles of ``_L`` steps from its end, and
-while the scan runs down one tile it requests, one cache line of every array
-per line of steps, the tile two below it, upwards.  Every line is then
-requested one to three tiles before the scan reaches it, and the requests
-stay spread over the scan (a burst would fill the line-fill buffers and stall
-the scan's loads).  The prefetches change no arithmetic: each step runs the
-same operations in the same order, so results are the bits of a plain
-backward loop.  The default build (``_PREFETCH = False``) has none: on the
-Intel machine this project is measured on, the prefetching build is slower in
-the loops with flags, and its gain where descending streams are slow (AMD
-EPYC) is not yet measured; ``benchmarks/stream_direction.py --prefetch``
-times both builds side by side, for that decision.
-Forward scans stream memory upwards and carry no prefetches; neither do the
-time-major kernels, which read each step's block of batch columns upwards.
+Memory order.  The batch-major kernels scan each row (or segment) from its
+end, with no software prefetches.  A build with software prefetches that
+request each row's memory in ascending address order, measured on Intel Xeon
+and AMD EPYC machines, is not faster (figures in ``benchmarks/results/``, see
+``docs/performance.md``).  Forward scans stream memory upwards; the
+time-major kernels read each step's block of batch columns upwards.
 
 The fast paths at the end of the module (:func:`gae_rows_fused`,
 :func:`gae_timemajor`) serve plain GAE with terminations and per-row/scalar
@@ -73,11 +61,8 @@ from types import FunctionType
 from typing import Any
 
 import numpy as np
-from llvmlite import ir
 from numba import njit, prange, types
-from numba.core import cgutils
 from numba.core.caching import NullCache
-from numba.extending import intrinsic
 
 from .. import _threading
 
@@ -391,94 +376,6 @@ def _scan_at(a, b, i, j, y, out):
     return y
 
 
-# ------------------------------------------------------------ tiles and prefetch
-#
-# Every batch-major kernel walks its rows backwards in time, and the hardware
-# prefetchers of some x86 CPUs do not follow a descending stream.  So the
-# kernels request their memory themselves, with software prefetches, in
-# ascending address order: a row (or packed segment) is cut into tiles of
-# ``_L`` steps from its end, and while the scan runs down tile ``k`` it
-# requests tile ``k + 2`` (two tiles below in memory) upwards, one cache line
-# of every array it touches per line of steps (see :func:`_ahead`).  Each line
-# is requested between one and three tiles before the scan reaches it, and
-# the requests stay spread over the scan: a burst of them would fill the
-# core's line-fill buffers and stall the scan's own loads.  Prefetches
-# change no arithmetic: each step runs the same operations in the same order
-# as in a loop without them, so the results are the same bits.
-
-_L = 128      # steps per tile
-_LINE = 64    # bytes per cache line
-# False compiles the kernels without prefetches (the loops of a plain
-# backward scan); True is the candidate build (see the module docstring).  A
-# change of this line changes the module's source, which invalidates Numba's
-# disk cache of its kernels.
-_PREFETCH = False
-
-
-def _prefetch_intrinsic(write: bool):
-    # llvm.prefetch(ptr, rw, locality, cache = data).  Reads use locality 2
-    # (``prefetcht1`` on x86: into L2, which holds the tiles in flight);
-    # writes use locality 3, which x86 lowers to ``prefetchw`` (the line
-    # arrives owned, so the store that follows needs no second request).
-    rw, locality = (1, 3) if write else (0, 2)
-
-    @intrinsic
-    def prefetch(typingctx, ary, i, t):
-        if not (isinstance(ary, types.Array) and ary.ndim == 2
-                and isinstance(i, types.Integer) and isinstance(t, types.Integer)):
-            return None
-
-        def codegen(context, builder, signature, args):
-            arr = context.make_array(ary)(context, builder, args[0])
-            inds = [context.cast(builder, args[1], i, types.intp), context.cast(builder, args[2], t, types.intp)]
-            ptr = cgutils.get_item_pointer2(context, builder, arr.data, cgutils.unpack_tuple(builder, arr.shape),
-                                            cgutils.unpack_tuple(builder, arr.strides), ary.layout, inds,
-                                            wraparound=False, boundscheck=False)
-            i32 = ir.IntType(32)
-            pty = cgutils.voidptr_t
-            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [pty, i32, i32, i32]),
-                                                "llvm.prefetch." + pty.intrinsic_name)
-            builder.call(fn, [builder.bitcast(ptr, pty), i32(rw), i32(locality), i32(1)])
-            return context.get_dummy_value()
-
-        return types.void(ary, i, t), codegen
-
-    return prefetch
-
-
-_prefetch_r = _prefetch_intrinsic(False)
-_prefetch_w = _prefetch_intrinsic(True)
-
-
-@njit(inline="always")
-def _ahead(e, b, j):
-    """The position to prefetch at step ``j`` of a sequence that runs from
-    ``e - 1`` down to ``b`` (step ``j`` at ``e - 1 - j``): step ``s`` of tile
-    ``j // _L`` requests position ``s`` of tile ``j // _L + 2``, counted
-    upwards from that tile's lowest position; -1 below ``b``."""
-    if not _PREFETCH:
-        return np.int64(-1)
-    k = j // _L
-    p = e - (k + 3) * _L + (j - k * _L)
-    return p if p >= b else np.int64(-1)
-
-
-@njit(inline="always")
-def _pf_gae(rewards, values, next_values, gamma, lam, term, trunc, mask, i, p, adv, ret):
-    # Broadcast coefficients and absent flags are zero-stride views: their
-    # requests hit the one cached line.
-    _prefetch_r(rewards, i, p)
-    _prefetch_r(values, i, p)
-    _prefetch_r(next_values, i, p)
-    _prefetch_r(gamma, i, p)
-    _prefetch_r(lam, i, p)
-    _prefetch_r(term, i, p)
-    _prefetch_r(trunc, i, p)
-    _prefetch_r(mask, i, p)
-    _prefetch_w(adv, i, p)
-    _prefetch_w(ret, i, p)
-
-
 # Sequences run in pairs (two independent chains in one loop hide each
 # other's latency, see _gae_pair below): rows 2u and 2u + 1, or segments 2u
 # and 2u + 1 of a packed row.  Both sequences run their first ``min(n0, n1)``
@@ -488,13 +385,8 @@ def _pf_gae(rewards, values, next_values, gamma, lam, term, trunc, mask, i, p, a
 
 @njit(inline="always")
 def _gae_span(rewards, values, next_values, gamma, lam, term, trunc, mask, has_next,
-              i, e, b, j0, j1, a, v, zero, adv, ret):
-    E = _LINE // adv.itemsize
+              i, e, j0, j1, a, v, zero, adv, ret):
     for j in range(j0, j1):
-        if _PREFETCH and (j - j0) & (E - 1) == 0:
-            p = _ahead(e, b, j)
-            if p >= 0:
-                _pf_gae(rewards, values, next_values, gamma, lam, term, trunc, mask, i, p, adv, ret)
         a, v = _gae_at(rewards, values, next_values, gamma, lam, term, trunc, mask, has_next,
                        i, np.uint64(e - 1 - j), a, v, zero, adv, ret)
     return a, v
@@ -502,16 +394,8 @@ def _gae_span(rewards, values, next_values, gamma, lam, term, trunc, mask, has_n
 
 @njit(inline="always")
 def _gae_span2(rewards, values, next_values, gamma, lam, term, trunc, mask, has_next,
-               i0, e0, b0, i1, e1, b1, j1, a0, v0, a1, v1, zero, adv, ret):
-    E = _LINE // adv.itemsize
+               i0, e0, i1, e1, j1, a0, v0, a1, v1, zero, adv, ret):
     for j in range(j1):
-        if _PREFETCH and j & (E - 1) == 0:
-            p = _ahead(e0, b0, j)
-            if p >= 0:
-                _pf_gae(rewards, values, next_values, gamma, lam, term, trunc, mask, i0, p, adv, ret)
-            p = _ahead(e1, b1, j)
-            if p >= 0:
-                _pf_gae(rewards, values, next_values, gamma, lam, term, trunc, mask, i1, p, adv, ret)
         a0, v0 = _gae_at(rewards, values, next_values, gamma, lam, term, trunc, mask, has_next,
                          i0, np.uint64(e0 - 1 - j), a0, v0, zero, adv, ret)
         a1, v1 = _gae_at(rewards, values, next_values, gamma, lam, term, trunc, mask, has_next,
@@ -563,47 +447,25 @@ def gae_rows(rewards, values, next_values, gamma, lam, term, trunc, mask,
         m = min(n0, n1)
         if m > 0:
             a0, v0, a1, v1 = _gae_span2(rewards, values, next_values, gamma, lam, term, trunc, mask, has_next,
-                                        i0, e0, b0, i1, e1, b1, m, a0, v0, a1, v1, zero, adv, ret)
+                                        i0, e0, i1, e1, m, a0, v0, a1, v1, zero, adv, ret)
         if n0 > m:
             _gae_span(rewards, values, next_values, gamma, lam, term, trunc, mask, has_next,
-                      i0, e0, b0, m, n0, a0, v0, zero, adv, ret)
+                      i0, e0, m, n0, a0, v0, zero, adv, ret)
         elif n1 > m:
             _gae_span(rewards, values, next_values, gamma, lam, term, trunc, mask, has_next,
-                      i1, e1, b1, m, n1, a1, v1, zero, adv, ret)
+                      i1, e1, m, n1, a1, v1, zero, adv, ret)
 
 
 @njit(inline="always")
-def _pf_ret(rewards, gamma, dones, mask, i, p, out):
-    _prefetch_r(rewards, i, p)
-    _prefetch_r(gamma, i, p)
-    _prefetch_r(dones, i, p)
-    _prefetch_r(mask, i, p)
-    _prefetch_w(out, i, p)
-
-
-@njit(inline="always")
-def _ret_span(rewards, gamma, dones, mask, i, e, b, j0, j1, G, zero, out):
-    E = _LINE // out.itemsize
+def _ret_span(rewards, gamma, dones, mask, i, e, j0, j1, G, zero, out):
     for j in range(j0, j1):
-        if _PREFETCH and (j - j0) & (E - 1) == 0:
-            p = _ahead(e, b, j)
-            if p >= 0:
-                _pf_ret(rewards, gamma, dones, mask, i, p, out)
         G = _ret_at(rewards, gamma, dones, mask, i, np.uint64(e - 1 - j), G, zero, out)
     return G
 
 
 @njit(inline="always")
-def _ret_span2(rewards, gamma, dones, mask, i0, e0, b0, i1, e1, b1, j1, G0, G1, zero, out):
-    E = _LINE // out.itemsize
+def _ret_span2(rewards, gamma, dones, mask, i0, e0, i1, e1, j1, G0, G1, zero, out):
     for j in range(j1):
-        if _PREFETCH and j & (E - 1) == 0:
-            p = _ahead(e0, b0, j)
-            if p >= 0:
-                _pf_ret(rewards, gamma, dones, mask, i0, p, out)
-            p = _ahead(e1, b1, j)
-            if p >= 0:
-                _pf_ret(rewards, gamma, dones, mask, i1, p, out)
         G0 = _ret_at(rewards, gamma, dones, mask, i0, np.uint64(e0 - 1 - j), G0, zero, out)
         G1 = _ret_at(rewards, gamma, dones, mask, i1, np.uint64(e1 - 1 - j), G1, zero, out)
     return G0, G1
@@ -626,11 +488,11 @@ def returns_rows(rewards, gamma, dones, mask, bound, cu, packed, zero, out):
         n1 = e1 - b1
         m = min(n0, n1)
         if m > 0:
-            G0, G1 = _ret_span2(rewards, gamma, dones, mask, i0, e0, b0, i1, e1, b1, m, G0, G1, zero, out)
+            G0, G1 = _ret_span2(rewards, gamma, dones, mask, i0, e0, i1, e1, m, G0, G1, zero, out)
         if n0 > m:
-            _ret_span(rewards, gamma, dones, mask, i0, e0, b0, m, n0, G0, zero, out)
+            _ret_span(rewards, gamma, dones, mask, i0, e0, m, n0, G0, zero, out)
         elif n1 > m:
-            _ret_span(rewards, gamma, dones, mask, i1, e1, b1, m, n1, G1, zero, out)
+            _ret_span(rewards, gamma, dones, mask, i1, e1, m, n1, G1, zero, out)
 
 
 @kernel(
@@ -638,10 +500,8 @@ def returns_rows(rewards, gamma, dones, mask, bound, cu, packed, zero, out):
     parallel=True,
 )
 def scan_rows(a, b, reverse, initial, out):
-    """``y_t = a_t y_{t∓1} + b_t`` per row, starting from ``initial[r]``.
-    The forward scan walks memory upwards: it needs no prefetches."""
+    """``y_t = a_t y_{t∓1} + b_t`` per row, starting from ``initial[r]``."""
     R, T = b.shape
-    E = _LINE // out.itemsize
     for u in prange((R + 1) // 2):
         i = 2 * np.int64(u)
         k = i + 1
@@ -659,26 +519,11 @@ def scan_rows(a, b, reverse, initial, out):
         elif k < R:
             y1 = _f8(initial[k])
             for j in range(T):
-                if _PREFETCH and j & (E - 1) == 0:
-                    p = _ahead(T, 0, j)
-                    if p >= 0:
-                        _prefetch_r(a, i, p)
-                        _prefetch_r(a, k, p)
-                        _prefetch_r(b, i, p)
-                        _prefetch_r(b, k, p)
-                        _prefetch_w(out, i, p)
-                        _prefetch_w(out, k, p)
                 t = np.uint64(T - 1 - j)
                 y0 = _scan_at(a, b, i, t, y0, out)
                 y1 = _scan_at(a, b, k, t, y1, out)
         else:
             for j in range(T):
-                if _PREFETCH and j & (E - 1) == 0:
-                    p = _ahead(T, 0, j)
-                    if p >= 0:
-                        _prefetch_r(a, i, p)
-                        _prefetch_r(b, i, p)
-                        _prefetch_w(out, i, p)
                 y0 = _scan_at(a, b, i, np.uint64(T - 1 - j), y0, out)
 
 
@@ -817,22 +662,6 @@ def _nstep(rt, vt, nvt, term, done, g, gl, an):
     return delta if done else delta + gl * an
 
 
-@njit(inline="always")
-def _pfr(x, i, k, p):
-    _prefetch_r(x, i, p)
-    _prefetch_r(x, k, p)
-
-
-@njit(inline="always")
-def _pfw(x, i, k, p):
-    _prefetch_w(x, i, p)
-    _prefetch_w(x, k, p)
-
-
-# The fused loops request, at the first step of each cache line of steps, one
-# line of every array they touch, two tiles ahead (see _ahead).
-
-
 @njit(fastmath=_FM, nogil=True, cache=True)
 def _gae_pair(r, v, nv, d, tr, m, adv, ret, i, k, has_next, has_term, has_mask,
               g0, gl0, g1, gl1, vl0, vl1, al0, al1):
@@ -847,20 +676,8 @@ def _gae_pair(r, v, nv, d, tr, m, adv, ret, i, k, has_next, has_term, has_mask,
     v0 = vl0
     v1 = vl1
     zero = ft(0)
-    E = _LINE // adv.itemsize
     if has_next:
         for j in range(T):
-            if _PREFETCH and j & (E - 1) == 0:
-                p = _ahead(T, 0, j)
-                if p >= 0:
-                    _pfr(nv, i, k, p)
-                    _pfr(r, i, k, p)
-                    _pfr(v, i, k, p)
-                    _pfw(adv, i, k, p)
-                    _pfw(ret, i, k, p)
-                    if j & (_LINE - 1) == 0:  # a flag line holds 64 steps
-                        _pfr(d, i, k, p)
-                        _pfr(tr, i, k, p)
             t = np.uint64(T - 1 - j)
             x0 = v[i, t]
             x1 = v[k, t]
@@ -876,17 +693,6 @@ def _gae_pair(r, v, nv, d, tr, m, adv, ret, i, k, has_next, has_term, has_mask,
             ret[k, t] = o1 + x1
     elif has_mask:
         for j in range(T):
-            if _PREFETCH and j & (E - 1) == 0:
-                p = _ahead(T, 0, j)
-                if p >= 0:
-                    _pfr(r, i, k, p)
-                    _pfr(v, i, k, p)
-                    _pfw(adv, i, k, p)
-                    _pfw(ret, i, k, p)
-                    if j & (_LINE - 1) == 0:  # a flag line holds 64 steps
-                        if has_term:
-                            _pfr(d, i, k, p)
-                        _pfr(m, i, k, p)
             t = np.uint64(T - 1 - j)
             a0, v0, b0, w0 = _mstep(r[i, t], v[i, t], has_term and d[i, t] != 0,
                                     m[i, t] != 0, g0, gl0, a0, v0, zero)
@@ -900,15 +706,6 @@ def _gae_pair(r, v, nv, d, tr, m, adv, ret, i, k, has_next, has_term, has_mask,
             ret[k, t] = o1 + w1
     elif has_term:
         for j in range(T):
-            if _PREFETCH and j & (E - 1) == 0:
-                p = _ahead(T, 0, j)
-                if p >= 0:
-                    _pfr(r, i, k, p)
-                    _pfr(v, i, k, p)
-                    _pfw(adv, i, k, p)
-                    _pfw(ret, i, k, p)
-                    if j & (_LINE - 1) == 0:  # a flag line holds 64 steps
-                        _pfr(d, i, k, p)
             t = np.uint64(T - 1 - j)
             x0 = v[i, t]
             x1 = v[k, t]
@@ -924,13 +721,6 @@ def _gae_pair(r, v, nv, d, tr, m, adv, ret, i, k, has_next, has_term, has_mask,
             v1 = x1
     else:
         for j in range(T):
-            if _PREFETCH and j & (E - 1) == 0:
-                p = _ahead(T, 0, j)
-                if p >= 0:
-                    _pfr(r, i, k, p)
-                    _pfr(v, i, k, p)
-                    _pfw(adv, i, k, p)
-                    _pfw(ret, i, k, p)
             t = np.uint64(T - 1 - j)
             x0 = v[i, t]
             x1 = v[k, t]

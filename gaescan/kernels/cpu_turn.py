@@ -23,8 +23,9 @@ first valid token up to the next turn's), 0 at its masked tokens; the span
 was read a moment before and is still in cache.  Masked tokens before a
 row's first turn are written 0 at the end.  The state (the reward sums,
 ``U`` and ``A``) is float64 whatever the output dtype; each output is rounded
-once, on store.  Reads ahead of the walk are prefetched (descending streams,
-as in :mod:`gaescan.kernels.cpu`).
+once, on store.  The walk issues no software prefetches (a prefetching
+build of the batch-major kernels is not faster, see
+:mod:`gaescan.kernels.cpu`).
 
 A valid token whose id is greater than that of the next valid token breaks
 the contract (ids are non-decreasing along time): the kernel sets ``bad[i]``
@@ -41,7 +42,7 @@ import numpy as np
 from numba import njit, prange, types
 
 from . import cpu
-from .cpu import _LINE, Kernel, _ahead, _prefetch_r, _prefetch_w
+from .cpu import Kernel
 
 _FLOATS = (types.float32, types.float64)
 _f8 = np.float64
@@ -126,16 +127,6 @@ def _close(v, m, has_mask, lo, hi, rsum, g, gl, a_next, u_next, zero, a, rt):
     return ak, u
 
 
-@njit(inline="always")
-def _pf(rewards, ids, mask, has_mask, i, p, adv, ret):
-    _prefetch_r(rewards, i, p)
-    _prefetch_r(ids, i, p)
-    if has_mask:
-        _prefetch_r(mask, i, p)
-    _prefetch_w(adv, i, p)
-    _prefetch_w(ret, i, p)
-
-
 def _turn_gae_rows(rewards, values, ids, mask, gamma, lam, bound, bad, zero, adv, ret):
     """Turn-level GAE per row.
 
@@ -159,7 +150,6 @@ def _turn_gae_rows(rewards, values, ids, mask, gamma, lam, bound, bad, zero, adv
     """
     has_mask = _MASKED
     R, T = rewards.shape
-    E = _LINE // adv.itemsize
     for i in prange(R):
         r = rewards[i]
         v = values[i]
@@ -179,10 +169,6 @@ def _turn_gae_rows(rewards, values, ids, mask, gamma, lam, bound, bad, zero, adv
         top = np.int64(T)  # the tokens [0, top) are still to walk
         while top > 0:
             bot = max(top - _BLK, np.int64(0))
-            for q in range(0, top - bot, E):
-                p = _ahead(T, 0, T - top + q)
-                if p >= 0:
-                    _pf(rewards, ids, mask, has_mask, i, p, adv, ret)
             if found:
                 n, s, first = _block(r, d, m, has_mask, bot, top, cur)
                 if n == 0:

@@ -38,8 +38,8 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .cpu import _CU, _LINE, Kernel, _ahead, _pair, _prefetch_r, _prefetch_w, _ro
-from .cpu import _PREFETCH as _GENERAL_PREFETCH  # the general kernel prefetches as the GAE kernels do
+from ._prefetch import _LINE, _prefetch_r, _prefetch_w
+from .cpu import _CU, Kernel, _pair, _ro
 
 _FLOATS = (types.float32, types.float64)
 _f8 = np.float64
@@ -124,33 +124,11 @@ def _core(rt, vt, lrt, vp, g, lam, tm, dn, rb, cb, pb, d_next):
     return dt, vt + dt, a
 
 
-@njit(inline="always")
-def _pf(rewards, values, log_rhos, next_values, gamma, lam, term, trunc, mask, i, p, vs, adv):
-    # Broadcast coefficients and absent flags are zero-stride views: their
-    # requests hit the one cached line.
-    _prefetch_r(rewards, i, p)
-    _prefetch_r(values, i, p)
-    _prefetch_r(log_rhos, i, p)
-    _prefetch_r(next_values, i, p)
-    _prefetch_r(gamma, i, p)
-    _prefetch_r(lam, i, p)
-    _prefetch_r(term, i, p)
-    _prefetch_r(trunc, i, p)
-    _prefetch_r(mask, i, p)
-    _prefetch_w(vs, i, p)
-    _prefetch_w(adv, i, p)
-
-
 @njit(inline="always", fastmath=_FM)
 def _span(rewards, values, log_rhos, next_values, gamma, lam, term, trunc, mask, has_next, rb, cb, pb,
-          i, e, b, j0, j1, dn, vn, zero, vs, adv):
-    E = _LINE // vs.itemsize
+          i, e, j0, j1, dn, vn, zero, vs, adv):
     ft = vs.dtype.type
     for j in range(j0, j1):
-        if _GENERAL_PREFETCH and (j - j0) & (E - 1) == 0:
-            p = _ahead(e, b, j)
-            if p >= 0:
-                _pf(rewards, values, log_rhos, next_values, gamma, lam, term, trunc, mask, i, p, vs, adv)
         u = np.uint64(e - 1 - j)
         if mask[i, u]:
             tm = term[i, u] != 0
@@ -169,17 +147,9 @@ def _span(rewards, values, log_rhos, next_values, gamma, lam, term, trunc, mask,
 
 @njit(inline="always", fastmath=_FM)
 def _span2(rewards, values, log_rhos, next_values, gamma, lam, term, trunc, mask, has_next, rb, cb, pb,
-           i0, e0, b0, i1, e1, b1, j1, d0, v0, d1, v1, zero, vs, adv):
-    E = _LINE // vs.itemsize
+           i0, e0, i1, e1, j1, d0, v0, d1, v1, zero, vs, adv):
     ft = vs.dtype.type
     for j in range(j1):
-        if _GENERAL_PREFETCH and j & (E - 1) == 0:
-            p = _ahead(e0, b0, j)
-            if p >= 0:
-                _pf(rewards, values, log_rhos, next_values, gamma, lam, term, trunc, mask, i0, p, vs, adv)
-            p = _ahead(e1, b1, j)
-            if p >= 0:
-                _pf(rewards, values, log_rhos, next_values, gamma, lam, term, trunc, mask, i1, p, vs, adv)
         u = np.uint64(e0 - 1 - j)
         if mask[i0, u]:
             tm = term[i0, u] != 0
@@ -246,14 +216,14 @@ def vtrace_rows(rewards, values, log_rhos, next_values, gamma, lam, term, trunc,
         m = min(n0, n1)
         if m > 0:
             d0, v0, d1, v1 = _span2(rewards, values, log_rhos, next_values, gamma, lam, term, trunc, mask,
-                                    has_next, rb, cb, pb, i0, e0, b0, i1, e1, b1, m, d0, v0, d1, v1, zero,
+                                    has_next, rb, cb, pb, i0, e0, i1, e1, m, d0, v0, d1, v1, zero,
                                     vs, adv)
         if n0 > m:
             _span(rewards, values, log_rhos, next_values, gamma, lam, term, trunc, mask, has_next, rb, cb, pb,
-                  i0, e0, b0, m, n0, d0, v0, zero, vs, adv)
+                  i0, e0, m, n0, d0, v0, zero, vs, adv)
         elif n1 > m:
             _span(rewards, values, log_rhos, next_values, gamma, lam, term, trunc, mask, has_next, rb, cb, pb,
-                  i1, e1, b1, m, n1, d1, v1, zero, vs, adv)
+                  i1, e1, m, n1, d1, v1, zero, vs, adv)
 
 
 
@@ -270,9 +240,8 @@ def vtrace_rows(rewards, values, log_rhos, next_values, gamma, lam, term, trunc,
 # element is read from memory once and each output written once.  A build
 # with ``_PREFETCH = True`` requests, at the start of a tile, the lines of the
 # tile two below it (the walk over tiles descends, which the hardware
-# prefetchers of some x86 CPUs do not follow); the default build has none, as
-# :mod:`gaescan.kernels.cpu`'s (whose ``_PREFETCH`` also sets the general
-# kernel's, through ``_ahead``).  Prefetches change no arithmetic.
+# prefetchers of some x86 CPUs do not follow); the default build has none.
+# Prefetches change no arithmetic.
 
 _L = 128  # steps per tile: the float64 weights of two rows' tiles take 6 KiB
 # True compiles the fused kernel with its prefetches (a change of this line
