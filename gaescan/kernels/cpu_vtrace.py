@@ -38,7 +38,6 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from ._prefetch import _LINE, _prefetch_r, _prefetch_w
 from .cpu import _CU, Kernel, _pair, _ro
 
 _FLOATS = (types.float32, types.float64)
@@ -237,37 +236,12 @@ def vtrace_rows(rewards, values, log_rhos, next_values, gamma, lam, term, trunc,
 # ``ρpg`` into float64 scratch of the tile's length (in L1); (2) backwards,
 # the fused step: δ, ``D = δ`` at a done else ``δ + a·D`` (the only
 # loop-carried chain, two rows interleaved) and both outputs.  Each input
-# element is read from memory once and each output written once.  A build
-# with ``_PREFETCH = True`` requests, at the start of a tile, the lines of the
-# tile two below it (the walk over tiles descends, which the hardware
-# prefetchers of some x86 CPUs do not follow); the default build has none.
-# Prefetches change no arithmetic.
+# element is read from memory once and each output written once.  The walk
+# over tiles descends, with no software prefetches: a build that requests
+# each tile two tiles ahead is no faster, even on a CPU whose prefetchers do
+# not follow descending streams (figures in ``benchmarks/results/``).
 
 _L = 128  # steps per tile: the float64 weights of two rows' tiles take 6 KiB
-# True compiles the fused kernel with its prefetches (a change of this line
-# changes the module's source, which invalidates Numba's disk cache).
-_PREFETCH = False
-
-
-@njit(inline="always")
-def _pf_tile(r, v, lr, nv, d, tr, has_next, has_term, vs, adv, i, lo):
-    # one request per cache line of the tile [lo, lo + _L) of row i
-    E = _LINE // vs.itemsize
-    for q in range(0, _L, E):
-        p = lo + q
-        _prefetch_r(r, i, p)
-        _prefetch_r(v, i, p)
-        _prefetch_r(lr, i, p)
-        if has_next:
-            _prefetch_r(nv, i, p)
-        _prefetch_w(vs, i, p)
-        _prefetch_w(adv, i, p)
-    for q in range(0, _L, _LINE):
-        p = lo + q
-        if has_term or has_next:
-            _prefetch_r(d, i, p)
-        if has_next:
-            _prefetch_r(tr, i, p)
 
 
 @njit(inline="always", fastmath=_FM)
@@ -315,12 +289,6 @@ def _fused_unit(u, r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, c
     while hi > 0:
         lo = max(hi - _L, 0)
         n = hi - lo
-        if _PREFETCH:
-            p = lo - 2 * _L
-            if p >= 0:
-                _pf_tile(r, v, lr, nv, d, tr, has_next, has_term, vs, adv, i, p)
-                if two:
-                    _pf_tile(r, v, lr, nv, d, tr, has_next, has_term, vs, adv, k, p)
         _weights(lr, i, lo, n, g0 * _f8(lcol[i]), rb, cb, pb, rho0, a0, pg0)
         if two:
             _weights(lr, k, lo, n, g1 * _f8(lcol[k]), rb, cb, pb, rho1, a1, pg1)
