@@ -9,6 +9,9 @@ then pick shapes below ~2000 elements, and it is given only to tests marked
 ``cudasim`` (those that reach CUDA kernel or host code the CPU backends do not
 reach); CI's simulator pass runs ``-m cudasim`` with ``GAESCAN_TEST_BACKENDS=cuda``.
 
+``GAESCAN_TEST_SHARD=i/n`` runs the ``i``-th of ``n`` shares of the selected
+tests (CI runs the PTX check as two processes, one per core).
+
 Every test that takes the ``backend`` fixture gets a :class:`Backend` whose
 ``gae``/``returns``/``scan`` methods call the library with ``backend=<name>``
 inside the variant's tunable overrides.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import threading
 import zlib
@@ -117,6 +121,35 @@ def pytest_configure(config):
         cpus = os.sched_getaffinity(0)
         if len(cpus) > 1:
             os.sched_setaffinity(0, {min(cpus)})
+
+
+def _shard() -> tuple[int, int] | None:
+    spec = os.environ.get("GAESCAN_TEST_SHARD", "").strip()
+    if not spec:
+        return None
+    m = re.fullmatch(r"(\d+)/(\d+)", spec)
+    if m is None or not int(m[1]) < int(m[2]):
+        raise pytest.UsageError(f"GAESCAN_TEST_SHARD={spec!r}: expected 'i/n' with 0 <= i < n, "
+                                "e.g. GAESCAN_TEST_SHARD=0/2 and GAESCAN_TEST_SHARD=1/2 for two processes")
+    return int(m[1]), int(m[2])
+
+
+def pytest_collection_modifyitems(config, items):
+    # GAESCAN_TEST_SHARD=i/n keeps every n-th group of tests, from the i-th.  A group
+    # is a test id without its CUDA compute capability (``sm_80``, ``sm_90``): the
+    # PTX tests of one kernel for both CCs share its lowering, so they stay together.
+    shard = _shard()
+    if shard is None:
+        return
+    i, n = shard
+    groups: dict[str, int] = {}
+    keep, drop = [], []
+    for item in items:
+        g = groups.setdefault(re.sub(r"-?sm_\d+", "", item.nodeid), len(groups))
+        (keep if g % n == i else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def pytest_generate_tests(metafunc):
