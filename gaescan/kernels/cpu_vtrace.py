@@ -16,12 +16,13 @@ strides) is one fused backward pass per sequence: the weights ρ, c and ρpg,
 δ, the trace ``D`` and both outputs are computed on the fly at each step and
 each output element is written once.  :func:`vtrace_fused` (the common case:
 C-contiguous rows, scalar or per-row γ and λ, no mask, no packing) computes
-the weights of a tile of steps in a vectorised loop first, then runs the
-same fused step over the tile (see "fast path" below).  Both run sequences
+every term that does not meet the carry over a tile of steps in a vectorised
+loop, runs the carry's chain alone, then writes both outputs in a vectorised
+loop (see "fast path" below).  Both run sequences
 in pairs (two independent chains in one loop hide each other's latency),
 pairs in parallel (``prange``).  The exponential is computed inline
-(:func:`_exp`, no library call), so that the weights' loop vectorises.  The state (``D``) and every product that meets it
-are float64 whatever the output dtype (a float32 state drifts for decays
+(:func:`_exp`, no library call), so that the elementwise loops vectorise.
+The state (``D``) and every product that meets it are float64 whatever the output dtype (a float32 state drifts for decays
 near 1, see the contract's accuracy section); each output is rounded to the
 output dtype once, on store.  Every ``(1 − flag)`` of the contract is a
 select, so a NaN or inf beyond an episode end never reaches it.
@@ -52,14 +53,17 @@ def _kernel(signatures, **options):
 
 # exp(x) in float64 without a library call, so that the step loops stay free
 # of calls (and the elementwise loops vectorise): x = k·ln2 + r with |r| <= ln2/2,
-# e^r by its Taylor polynomial to r^12 (truncation below 2e-16 relative),
-# 2^k as the product of two powers of two built from their exponent bits
+# e^r by its Taylor polynomial to r^12 (truncation below 2e-16 relative) in
+# Estrin's form (a short dependency chain), k rounded by adding 1.5·2^52 (so
+# that k's bits are read without a float-to-integer conversion, which AVX2
+# lacks for vectors), 2^k as the product of two powers of two built from their exponent bits
 # (each within the float64 normal range, so their product spans the subnormals and the top).
 # NaN, ±inf and the overflow and underflow ends are selects.
 _LOG2E = 1.4426950408889634
 _LN2_HI = 0.6931471803691238  # ln 2 rounded to 32 significant bits: k·_LN2_HI is exact
 _LN2_LO = 1.9082149292705877e-10  # ln 2 − _LN2_HI
 _EXP_MAX = 709.782712893384  # above it e^x overflows float64
+_SHIFT = 6755399441055744.0  # 1.5·2^52: x + _SHIFT rounds x to an integer in the low bits
 
 
 @intrinsic
@@ -74,25 +78,31 @@ def _as_f8(typingctx, bits):
     return types.float64(types.int64), codegen
 
 
+@intrinsic
+def _bits(typingctx, x):
+    """The int64 whose bits are the float64 ``x``."""
+    if not isinstance(x, types.Float):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return types.int64(types.float64), codegen
+
+
 @njit(inline="always", fastmath=_FM)
 def _exp(x):
     xc = min(max(x, -745.5), 709.9)
-    k = math.floor(xc * _LOG2E + 0.5)
+    t = xc * _LOG2E + _SHIFT
+    k = t - _SHIFT
     r = (xc - k * _LN2_HI) - k * _LN2_LO
-    p = 1.0 / 479001600.0
-    p = p * r + 1.0 / 39916800.0
-    p = p * r + 1.0 / 3628800.0
-    p = p * r + 1.0 / 362880.0
-    p = p * r + 1.0 / 40320.0
-    p = p * r + 1.0 / 5040.0
-    p = p * r + 1.0 / 720.0
-    p = p * r + 1.0 / 120.0
-    p = p * r + 1.0 / 24.0
-    p = p * r + 1.0 / 6.0
-    p = p * r + 0.5
-    p = p * r + 1.0
-    p = p * r + 1.0
-    ki = np.int64(k)
+    r2 = r * r
+    r4 = r2 * r2
+    s0 = (1.0 + r) + (0.5 + r * (1.0 / 6.0)) * r2
+    s1 = (1.0 / 24.0 + r * (1.0 / 120.0)) + (1.0 / 720.0 + r * (1.0 / 5040.0)) * r2
+    s2 = (1.0 / 40320.0 + r * (1.0 / 362880.0)) + (1.0 / 3628800.0 + r * (1.0 / 39916800.0)) * r2
+    p = s0 + (s1 + (s2 + (1.0 / 479001600.0) * r4) * r4) * r4
+    ki = _bits(t) - _bits(_SHIFT)
     h = ki >> 1
     y = (p * _as_f8((h + 1023) << 52)) * _as_f8((ki - h + 1023) << 52)
     if x > _EXP_MAX:
@@ -231,39 +241,79 @@ def vtrace_rows(rewards, values, log_rhos, next_values, gamma, lam, term, trunc,
 #
 # Batch-major C-contiguous rows, scalar or per-row γ and λ, no mask and no
 # packing: the common case.  A row runs backwards in tiles of ``_L`` steps,
-# two passes per tile: (1) elementwise, in ascending order (vectorised: the
-# exp above has no call), the weights ``ρ``, ``a = γ λ min(c̄, e^ℓ)`` and
-# ``ρpg`` into float64 scratch of the tile's length (in L1); (2) backwards,
-# the fused step: δ, ``D = δ`` at a done else ``δ + a·D`` (the only
-# loop-carried chain, two rows interleaved) and both outputs.  Each input
-# element is read from memory once and each output written once.  The walk
-# over tiles descends, with no software prefetches: a build that requests
-# each tile two tiles ahead is no faster, even on a CPU whose prefetchers do
-# not follow descending streams (figures in ``benchmarks/results/``).
+# three passes per tile:
+#
+# 1. ascending and vectorised (the exp above has no call): every term that
+#    does not meet the carry, into float64 scratch: δ_t, the carry's weight
+#    γλc_t (0 at a done), the advantage's bracket w_t, ρpg_t and the carry's
+#    mask (0.0 at a done, else 1.0);
+# 2. descending, the only loop-carried chain, two rows interleaved:
+#    ``D_t = δ_t + γλc_t · (D_{t+1} if not done else 0)``, one select and one
+#    FMA per step;
+# 3. ascending and vectorised: both outputs from the scratch.
+#
+# Each input element is read from memory once and each output written once.
+# Tiles are long so that passes 1 and 3 stream memory upwards in long runs,
+# which hardware prefetchers follow, although the walk over tiles descends.
+# The select keeps a NaN or inf beyond an episode end out of its episode.
 
-_L = 128  # steps per tile: the float64 weights of two rows' tiles take 6 KiB
-
-
-@njit(inline="always", fastmath=_FM)
-def _weights(lr, i, lo, n, gl, rb, cb, pb, rho, a, pg):
-    """Pass (1): the weights of steps ``lo .. lo + n - 1`` of row i (scratch index t - lo)."""
-    for s in range(n):
-        e = _exp(_f8(lr[i, np.uint64(lo + s)]))
-        rho[s] = rb if rb < e else e
-        a[s] = gl * (cb if cb < e else e)
-        pg[s] = pb if pb < e else e
+_L = 2048
 
 
 @njit(inline="always", fastmath=_FM)
-def _fstep(rt, vt, vp, tm, dn, g, rho, a, pg, x):
-    """Pass (2) at one step, on values only (arrays passed into a helper in the
-    loop would cost reference counting at every step): returns the new ``D``
-    and the step's ``vs`` and advantage."""
-    # selects, not multiplications by (1 - flag): NaN isolation
+def _pre(e, rt, vt, vp, tm, dn, g, gl, rb, cb, pb):
+    # One step's terms that do not meet the carry: δ, the carry's weight
+    # (0 at a done), the bracket of the advantage, ρpg and the carry's mask.
     w = rt - vt if tm else rt + g * vp - vt
-    delta = rho * w
-    xn = delta if dn else delta + a * x
-    return xn, vt + xn, pg * (w if dn else w + g * x)
+    rho = rb if rb < e else e
+    a = gl * (cb if cb < e else e)
+    pg = pb if pb < e else e
+    return rho * w, (0.0 if dn else a), w, pg, (0.0 if dn else 1.0)
+
+
+@njit(inline="always", fastmath=_FM)
+def _terms_next(r, lr, v, nv, d, tr, i, lo, n, g, gl, rb, cb, pb, sc):
+    for s in range(n):
+        t = np.uint64(lo + s)
+        tm = d[i, t] != 0
+        dn = tm or tr[i, t] != 0
+        sc[0, s], sc[1, s], sc[2, s], sc[3, s], sc[4, s] = _pre(_exp(_f8(lr[i, t])), _f8(r[i, t]), _f8(v[i, t]),
+                                                 _f8(nv[i, t]), tm, dn, g, gl, rb, cb, pb)
+
+
+@njit(inline="always", fastmath=_FM)
+def _terms_shift(r, lr, v, d, has_term, i, lo, n, vlast, g, gl, rb, cb, pb, sc):
+    # V'_t is the row's next value: v[t + 1] inside the tile, vlast after it.
+    for s in range(n - 1):
+        t = np.uint64(lo + s)
+        tm = has_term and d[i, t] != 0
+        sc[0, s], sc[1, s], sc[2, s], sc[3, s], sc[4, s] = _pre(_exp(_f8(lr[i, t])), _f8(r[i, t]), _f8(v[i, t]),
+                                                 _f8(v[i, t + np.uint64(1)]), tm, tm, g, gl, rb, cb, pb)
+    s = n - 1
+    t = np.uint64(lo + s)
+    tm = has_term and d[i, t] != 0
+    sc[0, s], sc[1, s], sc[2, s], sc[3, s], sc[4, s] = _pre(_exp(_f8(lr[i, t])), _f8(r[i, t]), _f8(v[i, t]), vlast,
+                                             tm, tm, g, gl, rb, cb, pb)
+
+
+@njit(inline="always", fastmath=_FM)
+def _terms(r, lr, v, nv, has_next, d, has_term, tr, i, lo, n, vlast, g, gl, rb, cb, pb, sc):
+    if has_next:
+        _terms_next(r, lr, v, nv, d, tr, i, lo, n, g, gl, rb, cb, pb, sc)
+    elif has_term:
+        _terms_shift(r, lr, v, d, True, i, lo, n, vlast, g, gl, rb, cb, pb, sc)
+    else:
+        _terms_shift(r, lr, v, d, False, i, lo, n, vlast, g, gl, rb, cb, pb, sc)
+
+
+@njit(inline="always", fastmath=_FM)
+def _emit(v, i, lo, n, g, sc, vs, adv):
+    ft = vs.dtype.type
+    for s in range(n):
+        t = np.uint64(lo + s)
+        xm = sc[5, s + 1] if sc[4, s] != 0.0 else 0.0
+        vs[i, t] = ft(_f8(v[i, t]) + sc[5, s])
+        adv[i, t] = ft(sc[3, s] * (sc[2, s] + g * xm))
 
 
 @njit(fastmath=_FM, nogil=True, cache=True)
@@ -275,51 +325,38 @@ def _fused_unit(u, r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, c
     two = k != i
     g0 = _f8(gcol[i])
     g1 = _f8(gcol[k])
-    rho0 = np.empty(_L, _f8)
-    a0 = np.empty(_L, _f8)
-    pg0 = np.empty(_L, _f8)
-    rho1 = np.empty(_L, _f8)
-    a1 = np.empty(_L, _f8)
-    pg1 = np.empty(_L, _f8)
+    gl0 = g0 * _f8(lcol[i])
+    gl1 = g1 * _f8(lcol[k])
+    sc0 = np.empty((6, _L + 1), _f8)
+    sc1 = np.empty((6, _L + 1), _f8)
     x0 = _f8(carry[i])
     x1 = _f8(carry[k])
-    v0 = bound[i]
-    v1 = bound[k]
+    vl0 = _f8(bound[i])
+    vl1 = _f8(bound[k])
     hi = np.int64(T)
     while hi > 0:
         lo = max(hi - _L, 0)
         n = hi - lo
-        _weights(lr, i, lo, n, g0 * _f8(lcol[i]), rb, cb, pb, rho0, a0, pg0)
+        _terms(r, lr, v, nv, has_next, d, has_term, tr, i, lo, n, vl0, g0, gl0, rb, cb, pb, sc0)
+        sc0[5, n] = x0
         if two:
-            _weights(lr, k, lo, n, g1 * _f8(lcol[k]), rb, cb, pb, rho1, a1, pg1)
-        ft = vs.dtype.type
-        for s in range(n - 1, -1, -1):
-            t = np.uint64(lo + s)
-            vt = v[i, t]
-            if has_next:
-                tm = d[i, t] != 0
-                x0, o, q = _fstep(_f8(r[i, t]), _f8(vt), _f8(nv[i, t]), tm, tm or tr[i, t] != 0, g0,
-                                  rho0[s], a0[s], pg0[s], x0)
-            else:
-                tm = has_term and d[i, t] != 0
-                x0, o, q = _fstep(_f8(r[i, t]), _f8(vt), _f8(v0), tm, tm, g0, rho0[s], a0[s], pg0[s], x0)
-            vs[i, t] = ft(o)
-            adv[i, t] = ft(q)
-            v0 = vt
-            if two:
-                vt = v[k, t]
-                if has_next:
-                    tm = d[k, t] != 0
-                    x1, o, q = _fstep(_f8(r[k, t]), _f8(vt), _f8(nv[k, t]), tm, tm or tr[k, t] != 0, g1,
-                                      rho1[s], a1[s], pg1[s], x1)
-                else:
-                    tm = has_term and d[k, t] != 0
-                    x1, o, q = _fstep(_f8(r[k, t]), _f8(vt), _f8(v1), tm, tm, g1, rho1[s], a1[s], pg1[s], x1)
-                vs[k, t] = ft(o)
-                adv[k, t] = ft(q)
-                v1 = vt
+            _terms(r, lr, v, nv, has_next, d, has_term, tr, k, lo, n, vl1, g1, gl1, rb, cb, pb, sc1)
+            sc1[5, n] = x1
+            # The only loop-carried chain, two rows interleaved.
+            for s in range(n - 1, -1, -1):
+                x0 = sc0[0, s] + sc0[1, s] * (x0 if sc0[4, s] != 0.0 else 0.0)
+                sc0[5, s] = x0
+                x1 = sc1[0, s] + sc1[1, s] * (x1 if sc1[4, s] != 0.0 else 0.0)
+                sc1[5, s] = x1
+            _emit(v, k, lo, n, g1, sc1, vs, adv)
+            vl1 = _f8(v[k, np.uint64(lo)])
+        else:
+            for s in range(n - 1, -1, -1):
+                x0 = sc0[0, s] + sc0[1, s] * (x0 if sc0[4, s] != 0.0 else 0.0)
+                sc0[5, s] = x0
+        _emit(v, i, lo, n, g0, sc0, vs, adv)
+        vl0 = _f8(v[i, np.uint64(lo)])
         hi = lo
-
 
 
 def _fused_sigs() -> list:
