@@ -84,14 +84,14 @@ give the default kernels' bits):
   scan's coefficients) together, consecutive lanes at consecutive steps, into
   the output staging buffers (cast to the compute dtype), and each thread then
   takes its ``K`` steps from there.  Flags (bytes) and next values are read
-  as before.  No extra shared memory.
+  as the default loads read them.  No extra shared memory.
 * ``OPT_SHSTEPS`` — the steps stay in those staging buffers from the loads to
   the stores: a thread folds its ``K`` steps from shared memory (each step's
   constant replaces its reward there), and :func:`emit` forms each step again
   from the buffers and the flags, so no per-step arrays are held in registers
-  across the block scan and the look-back (GAE look-back: 78 registers instead
-  of 111).  Packed rows walk their segments again in emit; every warp layout
-  stages.
+  across the block scan and the look-back (fewer registers, so more blocks per
+  SM: ``tests/test_ptx.py`` checks that).  Packed rows walk their segments
+  again in emit; every warp layout stages.
 * ``OPT_VECTOR`` — 16-byte accesses (:mod:`gaescan.kernels.cuda_vector`;
   ``VW`` = 4 float32 or 2 float64 elements): :func:`load` reads a thread's ``K``
   steps of rewards, values and next values ``VW`` at a time with
@@ -107,8 +107,8 @@ give the default kernels' bits):
 Look-back records (one per tile and row group, see :func:`group_record`) keep
 the maps and the states of the group's rows in separate 128-byte-aligned
 sections; each section is fully written (then ``threadfence`` and a block
-barrier) before any of its rows' flags is raised, and read only after the
-flag was seen (flags are read with atomics): no stale L1 line can be hit.
+barrier) before any of its rows' flags is raised, and read only after its
+flag is seen (flags are read with atomics): no stale L1 line can be hit.
 
 The code is split by role, each module documenting its part:
 

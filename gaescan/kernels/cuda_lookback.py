@@ -26,7 +26,7 @@ Look-back records (one per tile and row group, see
 :func:`gaescan.kernels.cuda.group_record`) keep the maps and the states of the
 group's rows in separate 128-byte-aligned sections; each section is fully
 written (then ``threadfence`` and a block barrier) before any of its rows'
-flags is raised, and read only after the flag was seen (flags are read with
+flags is raised, and read only after its flag is seen (flags are read with
 atomics): no stale L1 line can be hit.
 
 ``OPT_FASTLB`` (one-row blocks, float32 ``(alpha, c)`` maps): a tile's record

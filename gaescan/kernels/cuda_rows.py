@@ -108,7 +108,7 @@ def build_rows(spec: KernelSpec, maps: SimpleNamespace, tile_fns: SimpleNamespac
                     rv[j] = prv[j]
                     rq[j] = prq[j]
                 if live and ti > 0:
-                    # Issued now, used next iteration: the GPU waits for a load
+                    # Issued here, used in the next iteration: the GPU waits for a load
                     # only where its value is used, so they overlap this tile.
                     n0, n1 = span(ti - 1, y, tile, T)
                     load(rr, n0, n1, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,

@@ -249,7 +249,7 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
                     lv, lv_s, cu, nseg, sb, nxt, tb1, tb2):
         """``OPT_SHSTEPS``: :func:`load` and :func:`fold` without the per-thread arrays.
 
-        The steps' inputs were staged by :func:`stage` (step j at slot
+        The steps' inputs are staged by :func:`stage` (step j at slot
         ``spos(sb + j)``).  Each step's map is composed as it is formed, latest
         step first.  With (alpha, c) maps its constant ``c`` (δ needs the next
         step's value, whose slot emit overwrites first) replaces the reward in
@@ -257,8 +257,8 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
         again from the flags; masked GAE's five-number maps are formed again
         whole from the staged reward and value.  Nothing of the ``K`` steps
         stays in registers across the block scan and the look-back (the
-        per-thread arrays cost ~40 registers at K=8, i.e. blocks per SM).  The
-        same operations as load + fold, so the same bits.
+        per-thread arrays' registers limit the blocks per SM).  The same
+        operations as load + fold, so the same bits.
         """
         zero = CAST(0)
         ma, mb, mc, mh, mf = identity_map()
@@ -318,7 +318,7 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
         ``tb1``, values (GAE) or the coefficients ``a`` (scan) in ``tb2``.  The
         flags (bytes: a warp's load instruction spans 8 sectors, not 32) and next
         values are read where they are.  Every lane of the warp must call this.
-        Returns ``(stg, sb, nxt)`` for :func:`load`: whether the inputs were
+        Returns ``(stg, sb, nxt)`` for :func:`load`: whether the inputs are
         staged, the thread's first slot, and whether the step after its last
         one is staged as well (it is a later lane's).
         """
