@@ -94,7 +94,7 @@ TUNABLES: dict[str, Any] = {
     "coalesced_loads": False,
     # Experimental (gpu-check compares both): a tile's steps stay in shared memory from
     # the coalesced loads to the stores instead of K per-thread registers each (which
-    # hold ~40 registers across the block scan and the look-back: blocks per SM).
+    # are held across the block scan and the look-back, and limit the blocks per SM).
     # Implies the coalesced loads; not with "prefetch" (then the prefetch is used).
     "shared_steps": False,
     # Read each thread's steps and write the staged outputs with 16-byte accesses
@@ -395,7 +395,7 @@ class _Launch:
             # the fill too, so each replay starts from zeroed tickets and flags.
             with contextlib.nullcontext() if self.sim else keeping_if_captured(ptr):
                 if fast:
-                    # The ticket counter, then 3 words per (tile, row): see kernels.cuda.fast_lookback.
+                    # The ticket counter, then 3 words per (tile, row): see kernels.cuda_lookback.fast_lookback.
                     keep = (xp.zeros(1 + 3 * nchunks * self.R, dtype=np.uint64),)
                     lbw = self.arr(keep[0], np.uint64, 1)
                 else:
