@@ -57,6 +57,7 @@ from .cuda_spec import (
     OPT_UNPUBLISHED,
     KernelSpec,
 )
+from .cuda_tile import Steps
 
 if _numba_config.ENABLE_CUDASIM:
     from ._cudasim import bits_f32, f32_bits
@@ -236,6 +237,7 @@ def build_lookback(spec: KernelSpec, maps: SimpleNamespace, tile_fns: SimpleName
         ev = cuda.local.array(K, NBT)
         rv = cuda.local.array(K, NBT)
         rq = cuda.local.array(K, NBT)
+        st = Steps(ok, ea, eb, ec, ev, rs, rv, rq)
         sh_state = cuda.shared.array((2, NSH), NBT)
         sh_tk = cuda.shared.array(1, np.int64)
         sh_lb = cuda.shared.array((NF, NSH), NBT)
@@ -271,7 +273,7 @@ def build_lookback(spec: KernelSpec, maps: SimpleNamespace, tile_fns: SimpleName
         stg, sb, nxt = stage(rr, live, x, y, RW, yw, wmask, ti * tile, T, opts, r, v, g, sh_tb1, sh_tb2)
         ma, mb, mc, mh, mf = thread_map(rr, live, u0, u1, T, opts, r, v, nv, term, trunc, mask,
                                         g, lm, g_s, l_s, lv, lv_s, cu, nseg,
-                                        ok, ea, eb, ec, ev, rs, rv, rq, stg, sb, nxt, sh_tb1, sh_tb2)
+                                        st, stg, sb, nxt, sh_tb1, sh_tb2)
         block_suffix_scan(sh, sh_agg, x, y, RW, TW, yw, wmask, ma, mb, mc, mh, mf)
         skip = (opts & OPT_UNPUBLISHED) != 0 and c_rev % 16 != 0
         if FASTLB:
@@ -415,8 +417,7 @@ def build_lookback(spec: KernelSpec, maps: SimpleNamespace, tile_fns: SimpleName
             if y + 1 < TW:
                 xa, xb, xc, xh, xf = read_map(sh, (y + 1) * RW + x)
                 A, Vn = apply(xa, xb, xc, xh, xf, A, Vn)
-        emit(rr, live, x, y, RW, yw, wmask, ti * tile, u0, u1, T, ok, ea, eb, ec, ev, rs, rv, rq,
-             A, Vn, out1, out2, sh_tb1, sh_tb2,
+        emit(rr, live, x, y, RW, yw, wmask, ti * tile, u0, u1, T, st, A, Vn, out1, out2, sh_tb1, sh_tb2,
              opts, v, nv, term, trunc, mask, g, lm, g_s, l_s, lv, lv_s, cu, nseg)
 
     if parts is not None:

@@ -23,6 +23,7 @@ import numpy as np
 from numba import cuda
 
 from .cuda_spec import KernelSpec
+from .cuda_tile import Steps
 
 
 def build_rows(spec: KernelSpec, maps: SimpleNamespace, tile_fns: SimpleNamespace):
@@ -77,6 +78,8 @@ def build_rows(spec: KernelSpec, maps: SimpleNamespace, tile_fns: SimpleNamespac
         pev = cuda.local.array(K, NBT)
         prv = cuda.local.array(K, NBT)
         prq = cuda.local.array(K, NBT)
+        st = Steps(ok, ea, eb, ec, ev, rs, rv, rq)
+        pst = Steps(pok, pea, peb, pec, pev, prs, prv, prq)
         # The warps' aggregates of the block scan.
         sh_agg = cuda.shared.array((NF, NSH), NBT)
         x = cuda.threadIdx.x
@@ -93,8 +96,7 @@ def build_rows(spec: KernelSpec, maps: SimpleNamespace, tile_fns: SimpleNamespac
         if PREFETCH and live:
             u0, u1 = span(ti, y, tile, T)
             load(rr, u0, u1, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-                 lv, lv_s, cu, nseg, pok, pea, peb, pec, pev, prs, prv, prq,
-                 False, 0, False, sh_tb1, sh_tb2)
+                 lv, lv_s, cu, nseg, pst, False, 0, False, sh_tb1, sh_tb2)
         while ti >= 0:
             u0, u1 = span(ti, y, tile, T)
             if PREFETCH:
@@ -112,18 +114,17 @@ def build_rows(spec: KernelSpec, maps: SimpleNamespace, tile_fns: SimpleNamespac
                     # only where its value is used, so they overlap this tile.
                     n0, n1 = span(ti - 1, y, tile, T)
                     load(rr, n0, n1, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-                         lv, lv_s, cu, nseg, pok, pea, peb, pec, pev, prs, prv, prq,
-                         False, 0, False, sh_tb1, sh_tb2)
+                         lv, lv_s, cu, nseg, pst, False, 0, False, sh_tb1, sh_tb2)
                 if live:
-                    ma, mb, mc, mh, mf = fold(ok, ea, eb, ec, ev, rs, rv, rq)
+                    ma, mb, mc, mh, mf = fold(st)
                 else:
                     ma, mb, mc, mh, mf = identity_map()
             else:
                 stg, sb, nxt = stage(rr, live, x, y, RW, yw, wmask, ti * tile, T, opts, r, v, g,
                                      sh_tb1, sh_tb2)
                 ma, mb, mc, mh, mf = thread_map(rr, live, u0, u1, T, opts, r, v, nv, term, trunc, mask,
-                                                g, lm, g_s, l_s, lv, lv_s, cu, nseg, ok, ea, eb, ec, ev,
-                                                rs, rv, rq, stg, sb, nxt, sh_tb1, sh_tb2)
+                                                g, lm, g_s, l_s, lv, lv_s, cu, nseg, st, stg, sb, nxt,
+                                                sh_tb1, sh_tb2)
             block_suffix_scan(sh, sh_agg, x, y, RW, TW, yw, wmask, ma, mb, mc, mh, mf)
             if y + 1 < TW:
                 xa, xb, xc, xh, xf = read_map(sh, (y + 1) * RW + x)
@@ -132,8 +133,7 @@ def build_rows(spec: KernelSpec, maps: SimpleNamespace, tile_fns: SimpleNamespac
                 cA, cV = A, Vn
             ta, tb, tc, th, tf = read_map(sh, x)
             A, Vn = apply(ta, tb, tc, th, tf, A, Vn)
-            emit(rr, live, x, y, RW, yw, wmask, ti * tile, u0, u1, T, ok, ea, eb, ec, ev, rs, rv, rq,
-                 cA, cV, out1, out2, sh_tb1, sh_tb2,
+            emit(rr, live, x, y, RW, yw, wmask, ti * tile, u0, u1, T, st, cA, cV, out1, out2, sh_tb1, sh_tb2,
                  opts, v, nv, term, trunc, mask, g, lm, g_s, l_s, lv, lv_s, cu, nseg)
             ti -= 1
 

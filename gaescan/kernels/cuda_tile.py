@@ -27,6 +27,7 @@ Every lane of a warp must call ``stage``, ``block_suffix_scan`` and ``emit``.
 
 from __future__ import annotations
 
+from collections import namedtuple
 from types import SimpleNamespace
 
 import numpy as np
@@ -34,6 +35,14 @@ from numba import cuda
 
 from .cuda_spec import GAE_NEXT, GAE_V, OPT_GARR, SCAN, KernelSpec
 from .cuda_vector import ldg_vec, stg_vec
+
+Steps = namedtuple("Steps", "ok ea eb ec ev rs rv rq")
+Steps.__doc__ = """A thread's staged steps: ``K``-long per-thread arrays (registers), step ``j``
+of the thread's ``K``.  ``ok[j]``: the step is valid (inside the row, its
+segment, and unmasked), with the map ``(ea, eb, ec)`` and value ``ev``;
+``rs[j]``: the state restarts (segment end) before step ``j`` is applied,
+with restart value ``rv[j]`` and carry ``rq[j]``.  The kernels allocate the
+arrays and build one ``Steps`` per set (the prefetching kernel has two)."""
 
 
 def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
@@ -118,8 +127,7 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
 
     @cuda.jit(device=True)
     def load(row, u_lo, u_hi, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-             lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv, rq,
-             stg, sb, nxt, tb1, tb2):
+             lv, lv_s, cu, nseg, steps, stg, sb, nxt, tb1, tb2):
         """Stage the maps of steps u_lo .. u_lo+K-1 (those < u_hi) in per-thread arrays.
 
         K is a compile-time constant, so the loop unrolls and the arrays live in
@@ -134,8 +142,10 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
         thread's first step are multiples of ``VW``, so a group is wholly inside
         ``[u_lo, u_hi)`` or wholly outside); each step then reads them where it
         would read the arrays.  Flags, per-step coefficients and the value after
-        the last step are read as elements.
+        the last step are read as elements.  ``steps`` (:class:`Steps`) receives
+        the maps.
         """
+        ok, ea, eb, ec, ev, rs, rv, rq = steps
         zero = CAST(0)
         packed = PACKED
         xr = cuda.local.array((1, VK), NBT)
@@ -224,8 +234,9 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
                     ec[j] = cuda.fma(eb[j], vn, ec[j])
 
     @cuda.jit(device=True)
-    def fold(ok, ea, eb, ec, ev, rs, rv, rq):
-        """Compose the staged maps, latest step first."""
+    def fold(steps):
+        """Compose the staged maps (:class:`Steps`), latest step first."""
+        ok, ea, eb, ec, ev, rs, rv, rq = steps
         ma, mb, mc, mh, mf = identity_map()
         for jj in range(K):
             j = K - 1 - jj
@@ -297,7 +308,7 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
 
     @cuda.jit(device=True)
     def thread_map(row, live, u_lo, u_hi, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-                   lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv, rq, stg, sb, nxt, tb1, tb2):
+                   lv, lv_s, cu, nseg, steps, stg, sb, nxt, tb1, tb2):
         # The map of this thread's steps of the tile (the identity for a row past R).
         if not live:
             return identity_map()
@@ -305,8 +316,8 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
             return fold_shared(row, u_lo, u_hi, T, opts, v, nv, term, trunc, mask, g, lm, g_s, l_s,
                                lv, lv_s, cu, nseg, sb, nxt, tb1, tb2)
         load(row, u_lo, u_hi, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-             lv, lv_s, cu, nseg, ok, ea, eb, ec, ev, rs, rv, rq, stg, sb, nxt, tb1, tb2)
-        return fold(ok, ea, eb, ec, ev, rs, rv, rq)
+             lv, lv_s, cu, nseg, steps, stg, sb, nxt, tb1, tb2)
+        return fold(steps)
 
     @cuda.jit(device=True)
     def stage(row, live, x, y, RW, yw, wmask, ut, T, opts, r, v, g, tb1, tb2):
@@ -348,7 +359,7 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
         return stg, slot0 + yl * K, yl + 1 < yw
 
     @cuda.jit(device=True)
-    def emit(row, live, x, y, RW, yw, wmask, ut, u_lo, u_hi, T, ok, ea, eb, ec, ev, rs, rv, rq, A, Vn,
+    def emit(row, live, x, y, RW, yw, wmask, ut, u_lo, u_hi, T, steps, A, Vn,
              out1, out2, tb1, tb2, opts, v, nv, term, trunc, mask, g, lm, g_s, l_s, lv, lv_s, cu, nseg):
         """Run the staged steps concretely from state (A, Vn) and write the outputs.
 
@@ -359,8 +370,10 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
         (one thread's ``K`` consecutive steps would hit ``K`` different sectors
         per store instruction).  With ``OPT_SHSTEPS`` the steps come from the
         staging buffers (see :func:`fold_shared`), and each slot's input is read
-        before its output replaces it.
+        before its output replaces it.  ``steps`` (:class:`Steps`) holds the
+        maps :func:`load` staged (unused with ``OPT_SHSTEPS``).
         """
+        ok, ea, eb, ec, ev, rs, rv, rq = steps
         zero = CAST(0)
         two = KIND == GAE_V or KIND == GAE_NEXT
         yl = y % yw
