@@ -25,25 +25,18 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 from numba import njit, prange
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_bench import machine  # noqa: E402
+from cpu_bench import _median, _triad, machine  # noqa: E402
 
 import gaescan  # noqa: E402
 
 _FM = {"contract"}
 _TL = 512  # steps per scratch tile in (b)
-
-
-@njit(parallel=True, cache=True)
-def _triad(a, b, c, s):
-    for i in prange(a.size):
-        a[i] = b[i] + s * c[i]
 
 
 @njit(fastmath=_FM, inline="always")
@@ -122,16 +115,6 @@ def _chain_rows(Q):
                     x = D[s, q]
                     D[s, q] = x if F[s, q] else x + gl * D[s + np.uint64(1), q]
     return chain
-
-
-def _median(f, repeat):
-    f()
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
 
 
 def _ymm_fmas(dispatcher):
