@@ -26,11 +26,14 @@ Options: ``--quick`` (small shapes only), ``--no-bench``, ``--no-check``,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import functools
+import os
 import statistics
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -47,6 +50,28 @@ def _elapsed() -> float:
 
 
 CHECK_BUDGET = [170.0]  # seconds after which the remaining correctness checks are skipped
+HANG_SECONDS = [60.0]  # one check or sweep setting running longer than this is taken as a hang
+
+
+@contextlib.contextmanager
+def watchdog(name: str) -> Any:
+    """End the process (exit status 3) if the body runs past :data:`HANG_SECONDS`.
+
+    A kernel that never finishes (a look-back waiting for a tile that never
+    publishes) blocks the host in a synchronisation that Python cannot
+    interrupt; ending the process frees the GPU for the next stage of a run.
+    """
+    def hang() -> None:
+        print(f"HANG  {name}: still running after {HANG_SECONDS[0]:.0f}s; ending the process", flush=True)
+        os._exit(3)
+
+    timer = threading.Timer(HANG_SECONDS[0], hang)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def check(name: str, fn: Callable[[], str | None]) -> None:
@@ -56,7 +81,8 @@ def check(name: str, fn: Callable[[], str | None]) -> None:
         return
     t = time.perf_counter()
     try:
-        detail = fn() or ""
+        with watchdog(name):
+            detail = fn() or ""
         status = "PASS"
     except Exception as exc:  # noqa: BLE001 - report and continue
         status = "FAIL"
@@ -149,6 +175,14 @@ class CheckCase:
     kwargs: Callable[[Env], dict] | None = None
     tun: dict = dataclasses.field(default_factory=dict)
     needs_torch: bool = False
+    needs_dask: bool = False
+    #: A check of a variant the defaults do not take (``tun`` set, or an A/B of variants):
+    #: run after the default path's checks and timings (see :func:`main`).
+    experimental: bool = False
+
+    def __post_init__(self) -> None:
+        if self.tun:
+            object.__setattr__(self, "experimental", True)
 
     def run(self, env: Env) -> str | None:
         from gaescan.backends import cuda as cb
@@ -686,6 +720,30 @@ def vector_vs_element_check(env: Env) -> str:
     return f"bit-identical with and without 16-byte accesses (7 calls); the unaligned view: {msg}"
 
 
+def dask_cupy_check(env: Env) -> str:
+    """``gae`` on a Dask array of CuPy chunks (chunked along time and batch): lazy, CuPy chunks back,
+    each block on the CUDA backend, against the reference."""
+    import dask
+    import dask.array as da
+
+    cp = env.cp
+    B, T = 64, 200_000
+    r, v, d = env.data((B, T), p_done=0.002)
+    lv = env.normal(B)
+    chunks = (32, 30_000)
+    dr, dv, dd = (da.from_array(x, chunks=chunks, asarray=False) for x in (r, v, d))
+    dlv = da.from_array(lv, chunks=(32,), asarray=False)
+    res = env.gaescan.gae(dr, dv, gamma=0.99, lam=0.95, dones=dd, last_value=dlv)
+    if not isinstance(res[0], da.Array):
+        raise AssertionError(f"expected a lazy Dask array back, got {type(res[0])}")
+    with dask.config.set(scheduler="synchronous"):
+        adv, ret = dask.compute(*res)
+    if not isinstance(adv, cp.ndarray):
+        raise AssertionError(f"expected CuPy chunks back, got {type(adv)}")
+    want = env.testing.gae(r, v, gamma=0.99, lam=0.95, dones=d, last_value=lv)
+    return f"{res[0].numblocks} blocks: " + _both((adv, ret), want, np.float32)
+
+
 def _gae(shape: tuple, dtype: Any = np.float32, **fixed: Any) -> Callable[[Env], dict]:
     """:func:`gae_check` arguments: fixed ones, and arrays drawn when the check runs.
 
@@ -798,6 +856,8 @@ def correctness_cases(n_long: int) -> list[CheckCase]:
                                                                        shift_mean=False)),
         C("group_normalize and whiten: no host synchronisation", stats_no_sync_check),
         C("vtrace and turn_gae on torch CUDA tensors (auto)", torch_pipeline_check, needs_torch=True),
+        C("Dask array of CuPy chunks: gae B=64 T=200000, chunks (32, 30000), lv[B]", dask_cupy_check,
+          needs_dask=True),
     ]
     # The experimental direct launch (tunable "direct_launch"): same kernels, same stream.
     DL = dict(direct_launch=True)
@@ -902,22 +962,37 @@ def correctness_cases(n_long: int) -> list[CheckCase]:
           _args(shape=(3, 2**21), reverse=False, a_arr=True), dict(SH, **FL)),
         C("shared steps: linear_scan reverse B=512 T=4000", scans_check, _args(shape=(512, 4000), reverse=True), SH),
         C("fast look-back, coalesced loads, shared steps == general look-back, B=8 T=2^20, packed S=200",
-          fast_vs_general_check),
+          fast_vs_general_check, experimental=True),
         C("16-byte accesses == element accesses: both drivers, f32/f64, next_values, scans, returns, unaligned",
           vector_vs_element_check),
     ]
     return cases
 
 
-def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool, select: str | None = None) -> None:
-    """Run the table of correctness checks (those whose name contains ``select``, if given)."""
+def _have_dask() -> bool:
+    try:
+        import dask.array  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def correctness(cp: Any, gaescan: Any, torch: Any, quick: bool, select: str | None = None,
+                experimental: bool | None = None) -> None:
+    """Run the table of correctness checks (those whose name contains ``select``, if given;
+    only the experimental ones, or only the others, if ``experimental`` is given)."""
     env = Env(cp=cp, gaescan=gaescan, torch=torch, rng=np.random.default_rng(1234),
               n_long=2**22 if not quick else 2**18)
     have_torch = torch is not None and torch.cuda.is_available()
-    if not have_torch:
+    have_dask = _have_dask()
+    if not have_torch and experimental is not True:
         print("SKIP  torch checks (torch with CUDA not available)")
+    if not have_dask and experimental is not True:
+        print("SKIP  Dask checks (dask[array] not installed)")
     for case in correctness_cases(env.n_long):
-        if (case.needs_torch and not have_torch) or (select is not None and select not in case.name):
+        if ((case.needs_torch and not have_torch) or (case.needs_dask and not have_dask)
+                or (select is not None and select not in case.name)
+                or (experimental is not None and case.experimental != experimental)):
             continue
         check(case.name, functools.partial(case.run, env))
 
@@ -1342,7 +1417,6 @@ def benchmarks(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
     except Exception as exc:  # noqa: BLE001
         traceback.print_exc(limit=4)
         RESULTS.append(("FAIL", "access-pattern probe", f"{type(exc).__name__}: {exc}"))
-    sweep(cp, gaescan, quick, budget)
 
 
 # Bytes per step that each function of :func:`pipeline_bench` must move at least: GAE 17
@@ -1497,6 +1571,20 @@ def sweep_shapes(quick: bool = False) -> list[tuple[str, int, int, list[dict]]]:
             ("B=1024 T=32768", 1024, 32768, b1024)]
 
 
+def time_major_settings() -> list[dict]:
+    """The settings the sweep times on time-major rows (``axis=0``, T=8192, B=4096), most telling first.
+
+    Time-major rows take ``rows_time_major`` rows per block and ``k_time_major``
+    steps per thread; the row-resident driver needs ``rows_min_blocks`` at most
+    ``B / rows_time_major`` (a block per row group).
+    """
+    base = dict(threads=128)
+    return [base, dict(base, rows_min_blocks=1), dict(base, k_time_major=16), dict(base, k_time_major=4),
+            dict(threads=256), dict(threads=256, rows_min_blocks=1), dict(base, rows_time_major=16),
+            dict(base, rows_time_major=16, rows_min_blocks=1), dict(threads=256, k_time_major=16),
+            dict(base, fast_lookback=True, shared_steps=True)]
+
+
 def blocks_per_sm(regs: int, smem: int, threads: int, props: dict | None = None) -> int:
     """Blocks of ``threads`` that can be resident on one SM at once, from the kernel's resources.
 
@@ -1541,12 +1629,29 @@ def _launched_kernel(cb: Any, call: Callable[[], Any]) -> Any:
     return got[-1] if len(got) == 1 else None
 
 
-def sweep(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
-    """Time a few CUDA tunable settings (each compiles a kernel once) on two shapes.
+def _progress_started(path: str | None) -> set[str]:
+    """The sweep lines a progress file says were started (timed, failed or hung) by an earlier process."""
+    if not path or not os.path.exists(path):
+        return set()
+    with open(path) as f:
+        return {line[6:].rstrip("\n") for line in f if line.startswith("start ")}
+
+
+def _progress_note(path: str | None, what: str, key: str) -> None:
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{what} {key}\n")
+
+
+def sweep(cp: Any, gaescan: Any, quick: bool, budget: float, progress: str | None = None) -> None:
+    """Time CUDA tunable settings (each compiles a kernel once) on a few shapes.
 
     Each line names the kernel variant the setting actually got (a tunable that does
     not apply to the shape is dropped by the backend) and its registers, shared and
-    local memory (spills) and the blocks per SM they allow.
+    local memory (spills) and the blocks per SM they allow; it is printed as soon
+    as it is measured.  With ``progress`` (a file), each setting is noted there
+    before it runs and after, and settings an earlier process started are
+    skipped: a run that ended on a hung kernel (:func:`watchdog`) goes on past it.
     """
     from gaescan.backends import cuda as cb
 
@@ -1557,54 +1662,69 @@ def sweep(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
     except Exception:  # noqa: BLE001
         props = {}
     seen: dict[tuple, tuple[int, int, int] | None] = {}  # kernel spec -> resources
+    started = _progress_started(progress)
     rng = np.random.default_rng(3)
     print()
-    print("tunable sweep (GAE f32 with dones, CUDA events, median of 10; GB/s at 17 bytes/step);")
-    print("[mode K options | registers, shared memory, local memory per thread (spills) -> blocks per SM]:")
-    for label, B, T, settings in sweep_shapes(quick):
-        r, v, d, a0, r0 = _gae_arrays(cp, rng, (B, T), 0.001)
-        ea = testing.gae(r, v, gamma=0.99, lam=0.95, dones=d).advantages
-        parts = []
+    print("tunable sweep (GAE f32 with dones, end to end: CUDA events around one call, median of 10;")
+    print("GB/s at 17 bytes/step); [mode K options | registers, shared memory, local memory per thread")
+    print("(spills) -> blocks per SM]:", flush=True)
+    shapes = [(label, B, T, -1, st) for label, B, T, st in sweep_shapes(quick)]
+    if not quick:  # after the two target shapes of batch-major rows, before the rest
+        shapes.insert(2, ("time-major T=8192 B=4096", 4096, 8192, 0, time_major_settings()))
+    for label, B, T, axis, settings in shapes:
+        if _elapsed() > budget:
+            print(f"  {label}: (budget)", flush=True)
+            continue
+        todo = [st for st in settings if f"{label} | {_setting_name(st)}" not in started]
+        if not todo:
+            continue
+        shp = (B, T) if axis == -1 else (T, B)
+        r, v, d, a0, r0 = _gae_arrays(cp, rng, shp, 0.001)
+        ea = testing.gae(r, v, gamma=0.99, lam=0.95, dones=d, axis=axis).advantages
         times = []  # (ms, name) of the settings that ran and were right
-        t_first = None
-        for i, st in enumerate(settings):
+        print(f"  {label}", flush=True)
+        for st in todo:
             if _elapsed() > budget:
-                parts.append("(budget)")
+                print("    (budget)", flush=True)
                 break
-            name = ",".join(f"{k}={val}" for k, val in st.items())
+            name = _setting_name(st)
+            key = f"{label} | {name}"
+            _progress_note(progress, "start", key)
             try:
                 a0.fill(np.nan)
-                with cb.override(**st):
-                    pl = cb.plan(B, T, np.float32, vector=True)
+                with watchdog(f"sweep {key}"), cb.override(**st):
+                    pl = cb.plan(B, T, np.float32, time_major=axis == 0, vector=axis == -1)
                     spec = tuple(pl[k] for k in ("mode", "k", "opts", "threads", "min_blocks_per_sm",
-                                                 "layout"))
-                    call = functools.partial(gaescan.gae, r, v, gamma=0.99, lam=0.95, dones=d, out=(a0, r0),
-                                             backend="cuda")
+                                                 "layout", "rows_per_block"))
+                    call = functools.partial(gaescan.gae, r, v, gamma=0.99, lam=0.95, dones=d, axis=axis,
+                                             out=(a0, r0), backend="cuda")
                     t = _events_ms(cp, call)
                     if spec not in seen:
                         seen[spec] = _kernel_resources(_launched_kernel(cb, call))
+                    # A fast wrong answer is not a result: every timed setting is checked.
+                    err = compare(a0, ea, np.float32)
                 res = seen[spec]
-                kern_txt = f"{pl['mode']} K={pl['k']} {pl['options']}"
+                kern_txt = f"{pl['mode']} K={pl['k']} RW={pl['rows_per_block']} {pl['options']}"
                 if res is not None:
                     kern_txt += (f" | {res[0]} regs, {res[1]} B smem, {res[2]} B local -> "
                                  f"{blocks_per_sm(res[0], res[1], pl['threads'], props)} blocks/SM")
-                # A fast wrong answer is not a result: every timed setting is checked.
-                err = compare(a0, ea, np.float32)
-                parts.append(f"{name}: {t:.3f} ms {17 * B * T / t / 1e6:.0f} GB/s  ({err})  [{kern_txt}]")
+                print(f"    {name}: {t:.3f} ms {17 * B * T / t / 1e6:.0f} GB/s  ({err})  [{kern_txt}]", flush=True)
                 times.append((t, name))
-                if i == 0:
-                    t_first = t
             except Exception as exc:  # noqa: BLE001
-                parts.append(f"{name}: FAILED {type(exc).__name__}: {exc}")
-                RESULTS.append(("FAIL", f"sweep {label} {name}", f"{type(exc).__name__}: {exc}"))
-        print(f"  {label}")
-        for ptxt in parts:
-            print(f"    {ptxt}")
-        if t_first is not None:
+                print(f"    {name}: FAILED {type(exc).__name__}: {exc}", flush=True)
+                RESULTS.append(("FAIL", f"sweep {key}", f"{type(exc).__name__}: {exc}"))
+            _progress_note(progress, "done", key)
+        if times:
+            first = times[0] if times[0][1] == _setting_name(settings[0]) else None
             best = min(times)
-            print(f"    fastest: {best[1]}: {t_first / best[0]:.2f}x the first setting")
+            rel = f": {first[0] / best[0]:.2f}x the first setting" if first else ""
+            print(f"    fastest: {best[1]} {best[0]:.3f} ms{rel}", flush=True)
         r = v = d = a0 = r0 = None
         cp.get_default_memory_pool().free_all_blocks()
+
+
+def _setting_name(st: dict) -> str:
+    return ",".join(f"{k}={val}" for k, val in st.items())
 
 
 def host_profile(cp: Any, gaescan: Any, calls: int = 300, top: int = 18) -> None:
@@ -1663,17 +1783,41 @@ def _header(cp: Any, torch: Any) -> None:
           f"torch {getattr(torch, '__version__', 'absent')}; python {sys.version.split()[0]}")
 
 
+def _stage(name: str, fn: Callable[[], Any]) -> None:
+    """Run one stage of :func:`main`; an exception is reported as a failure and the run goes on."""
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001
+        traceback.print_exc()
+        RESULTS.append(("FAIL", name, f"{type(exc).__name__}: {exc}"))
+
+
 def main(argv: list | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gaescan.bench.gpu_check", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small shapes only")
-    ap.add_argument("--no-bench", action="store_true")
-    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--no-bench", action="store_true", help="no timings (and no sweep)")
+    ap.add_argument("--no-check", action="store_true", help="no correctness checks")
+    ap.add_argument("--no-sweep", action="store_true", help="no tunable sweep")
+    ap.add_argument("--sweep-only", action="store_true", help="the tunable sweep alone")
     ap.add_argument("--budget", type=float, default=280.0,
                     help="seconds after which pending benchmarks and sweep settings are skipped (default 280)")
     ap.add_argument("--check-budget", type=float, default=170.0,
                     help="seconds after which pending correctness checks are skipped (default 170)")
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="a Unix time past which nothing new starts (caps both budgets): for a run of "
+                         "several processes with one end")
+    ap.add_argument("--hang-seconds", type=float, default=HANG_SECONDS[0],
+                    help="a check or sweep setting running longer ends the process with exit status 3 "
+                         f"(default {HANG_SECONDS[0]:.0f})")
+    ap.add_argument("--progress", default=None,
+                    help="a file where the sweep notes each setting before and after it runs; settings "
+                         "it names as started are skipped (a rerun goes on past a hung one)")
     a = ap.parse_args(argv)
+    if a.deadline is not None:
+        left = a.deadline - time.time() + _elapsed()
+        a.budget, a.check_budget = min(a.budget, left), min(a.check_budget, left)
     CHECK_BUDGET[0] = a.check_budget
+    HANG_SECONDS[0] = a.hang_seconds
     try:
         import cupy as cp
 
@@ -1708,28 +1852,27 @@ def main(argv: list | None = None) -> int:
         print(f"cuda backend tunables: {cb.TUNABLES}")
     except Exception as exc:  # noqa: BLE001
         print(f"(cannot import gaescan.backends.cuda: {exc})")
-    if not a.no_check:
-        try:
-            correctness(cp, gaescan, torch, a.quick)
-        except Exception as exc:  # noqa: BLE001
-            traceback.print_exc()
-            RESULTS.append(("FAIL", "correctness driver", str(exc)))
-        print(f"-- correctness done at {_elapsed():.0f}s", flush=True)
-    if not a.no_bench:
-        try:
-            benchmarks(cp, gaescan, a.quick, a.budget)
-        except Exception as exc:  # noqa: BLE001
-            traceback.print_exc()
-            RESULTS.append(("FAIL", "benchmark driver", str(exc)))
-        try:
-            pipeline_bench(cp, gaescan, a.quick, a.budget)
-        except Exception as exc:  # noqa: BLE001
-            traceback.print_exc()
-            RESULTS.append(("FAIL", "pipeline benchmark driver", str(exc)))
+    # The default path first (its checks, then its timings), then the experimental
+    # variants' checks and the sweep, so that a variant that hangs or fails costs
+    # none of the defaults' figures.
+    bench = not a.no_bench and not a.sweep_only
+    check_ = not a.no_check and not a.sweep_only
+    if check_:
+        _stage("correctness driver", lambda: correctness(cp, gaescan, torch, a.quick, experimental=False))
+        print(f"-- correctness of the default path done at {_elapsed():.0f}s", flush=True)
+    if bench:
+        _stage("benchmark driver", lambda: benchmarks(cp, gaescan, a.quick, a.budget))
+        _stage("pipeline benchmark driver", lambda: pipeline_bench(cp, gaescan, a.quick, a.budget))
         try:
             host_profile(cp, gaescan)
         except Exception as exc:  # noqa: BLE001
             print(f"(host profile failed: {type(exc).__name__}: {exc})")
+        print(f"-- timings of the default path done at {_elapsed():.0f}s", flush=True)
+    if check_:
+        _stage("correctness driver", lambda: correctness(cp, gaescan, torch, a.quick, experimental=True))
+        print(f"-- correctness of the experimental variants done at {_elapsed():.0f}s", flush=True)
+    if (bench and not a.no_sweep) or a.sweep_only:
+        _stage("sweep", lambda: sweep(cp, gaescan, a.quick, a.budget, a.progress))
     fails = [r for r in RESULTS if r[0] == "FAIL"]
     skips = [r for r in RESULTS if r[0] == "SKIP"]
     print()
