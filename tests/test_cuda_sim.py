@@ -814,23 +814,6 @@ def test_fast_lookback_waits_for_unpublished_tiles(seed, monkeypatch):
     assert all(b in (min(a * 2, kern.BACKOFF_MAX_NS), kern.BACKOFF_MIN_NS) for a, b in itertools.pairwise(sleeps))
 
 
-def test_contiguous_typing_launch_path(monkeypatch):
-    # With "contiguous_typing", an all-C-contiguous call gets its own explicitly typed
-    # kernel (layout "C"), a strided call the layout-"A" one; both give the oracle's numbers.
-    tun = dict(LOOKBACK, typed_in_sim=True, contiguous_typing=True)
-    rng = np.random.default_rng(22)
-    base = rng.standard_normal((3, 60))
-    r, v = np.ascontiguousarray(base[:, :30]), np.ascontiguousarray(base[:, 30:])
-    d = rng.random((3, 30)) < 0.1
-    monkeypatch.setattr(cb, "_typed_cache", {})
-    adv_c, _ = run_gae(tun, np.float64, r, v, 0.9, 0.8, term=d)
-    adv_a, _ = run_gae(tun, np.float64, base[:, :30], v, 0.9, 0.8, term=d)
-    assert sorted(k[8] for k in cb._typed_cache) == ["A", "C"]
-    want = gae_oracle(r, v, 0.9, 0.8, term=d)[0]
-    close(adv_c, want, np.float64)
-    close(adv_a, want, np.float64)
-
-
 @pytest.mark.parametrize("which,K", [("owned", 4), ("owned", 3), ("coalesced", 1)])
 def test_gpu_check_access_probes(which, K):
     # The gpu-check's elementwise probes (same traffic as GAE, no scan) compute what

@@ -97,8 +97,7 @@ def _arr(dt, nd):
 def _sig(kind, out, inp, flag, coeff=None, layout="A"):
     """The argument types of one launch (see the backend's ``_Launch.run``).
 
-    Arrays are typed ``layout``: "A", or "C" as the ``contiguous_typing`` tunable
-    types a call whose arrays are all C-contiguous.
+    Arrays are typed ``layout`` ("A": the backend types every launch so).
     """
     sig = _sig_a(kind, out, inp, flag, coeff)
     return tuple(t.copy(layout=layout) if isinstance(t, types.Array) else t for t in sig)
@@ -315,37 +314,17 @@ def _ptxas_info(ptx: str, cc) -> str:
 @pytest.mark.parametrize("cc", CCS, ids=lambda c: f"sm_{c[0]}{c[1]}")
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_kernel_compiles_without_spills(toolchain, case, cc):
-    _compile_and_check(case, cc, "A")
+    _compile_and_check(case, cc)
 
 
-C_CASES = [c for c in CASES if c[0] in ("gae-rows-float32<-float32", "gae-lookback-float32<-float32",
-                                        "gae-rows-prefetch-float32<-float32", "gae-lookback-fast-float32<-float32",
-                                        "returns-lookback-fast-float32<-float32",
-                                        "gae-lookback-float32<-float32-mask+packed",
-                                        "gae-lookback-fast+cload-float32<-float32",
-                                        "gae-rows-cload-float32<-float32")]
-
-
-@pytest.mark.parametrize("case", C_CASES, ids=[c[0] for c in C_CASES])
-def test_c_typed_kernel_compiles_without_spills(toolchain, case):
-    # The kernels the "contiguous_typing" tunable compiles for all-C-contiguous calls.
-    assert len(C_CASES) == 8
-    regs = _compile_and_check(case, CCS[-1], "C")
-    if case[0] in ("gae-lookback-float32<-float32", "gae-lookback-fast-float32<-float32"):
-        # What the tunable is for: five blocks of 128 threads per SM (65536 registers).
-        assert regs * 128 * 5 <= 65536, f"{case[0]} [C]: {regs} registers, fewer than 5 blocks per SM"
-
-
-def _compile_and_check(case, cc, layout):
+def _compile_and_check(case, cc):
     from gaescan.backends import cuda as cb
     from gaescan.kernels import cuda as kern
 
     name, kind, mode, fwd, out, inp, flag, coeff, ct = case
-    if layout != "A":
-        name = f"{name} [{layout}]"
     nsh = int(cb.TUNABLES["threads"])
     kk = int(cb.TUNABLES["k_f64" if np.dtype(out) == np.float64 else "k"])
-    ptx, info = _report(_kernel(kind, mode, fwd, out, nsh, kk, ct), _sig(kind, out, inp, flag, coeff, layout), cc)
+    ptx, info = _report(_kernel(kind, mode, fwd, out, nsh, kk, ct), _sig(kind, out, inp, flag, coeff), cc)
     if mode == kern.MODE_ROWS:
         need, absent = ("bar.sync",), ("atom.global",)
     elif ct & kern.OPT_FASTLB:
@@ -377,13 +356,11 @@ def _compile_and_check(case, cc, layout):
 
 
 # The kernels the backend chooses for float32 GAE with dones on contiguous, 16-byte
-# aligned arrays (fresh allocations): (label, B, T, tunables).  The row-resident driver
-# takes B=256 only with rows_min_blocks <= 256; the register budget is stated for
-# 256-thread blocks.  B=4 gets the same kernel as B=256 (one lowering).
+# aligned arrays (fresh allocations): (label, B, T, tunables).  Many long rows take the
+# row-resident driver, few the fast look-back; the general look-back serves the rest
+# (float64, masked GAE).  The register budget is stated for 256-thread blocks.
 CHOSEN = [("B=256 T=131072", 256, 131072, {}), ("B=4 T=2^22", 4, 2**22, {}),
-          ("B=256 T=131072 rows", 256, 131072, {"rows_min_blocks": 256}),
-          ("B=256 T=131072 threads=256", 256, 131072, {"threads": 256}),
-          ("B=256 T=131072 rows threads=256", 256, 131072, {"rows_min_blocks": 256, "threads": 256})]
+          ("B=4 T=2^22 general look-back", 4, 2**22, {"fast_lookback": False})]
 
 
 @pytest.mark.parametrize("label,B,T,settings", CHOSEN, ids=[c[0] for c in CHOSEN])
@@ -402,7 +379,7 @@ def test_chosen_kernel_uses_16_byte_accesses(toolchain, label, B, T, settings):
     K, threads = p["k"], p["threads"]
     bounds = cb.launch_bounds(threads, p["min_blocks_per_sm"])
     build = _kernel(kern.GAE_V, mode, False, np.float32, threads, K, p["opts"])
-    sig = _sig(kern.GAE_V, np.float32, np.float32, np.bool_, layout=p["layout"])
+    sig = _sig(kern.GAE_V, np.float32, np.float32, np.bool_)
     cc = CCS[-1]
     ptx, info = _report(build, sig, cc, bounds)
     assert ptx.count("ld.global.nc.v4.f32") == 2 * (K // 4)
@@ -581,7 +558,7 @@ def _sweep_specs():
         for st in settings:
             with cb.override(**st):
                 p = cb.plan(B, T, np.float32, vector=True)
-            spec = (p["mode"], p["k"], p["opts"], p["threads"], p["min_blocks_per_sm"], p["layout"])
+            spec = (p["mode"], p["k"], p["opts"], p["threads"], p["min_blocks_per_sm"])
             specs.setdefault(spec, []).append(f"{label}: " + ",".join(f"{k}={v}" for k, v in st.items()))
     return specs
 
@@ -599,7 +576,7 @@ def test_every_swept_kernel_compiles_and_fits_its_launch(toolchain, spec):
     from gaescan.bench.gpu_check import blocks_per_sm
     from gaescan.kernels import cuda as kern
 
-    mode_name, K, opts, threads, min_blocks, layout = spec
+    mode_name, K, opts, threads, min_blocks = spec
     bounds = cb.launch_bounds(threads, min_blocks)
     kw = {}
     if bounds is not None:
@@ -609,7 +586,7 @@ def test_every_swept_kernel_compiles_and_fits_its_launch(toolchain, spec):
     cc = CCS[-1]
     mode = kern.MODE_ROWS if mode_name == "rows" else kern.MODE_LOOKBACK
     build = _kernel(kern.GAE_V, mode, False, np.float32, threads, K, opts)
-    sig = _sig(kern.GAE_V, np.float32, np.float32, np.bool_, layout=layout)
+    sig = _sig(kern.GAE_V, np.float32, np.float32, np.bool_)
     _, info = _report(build, sig, cc, kw.get("launch_bounds"))
     regs, smem, spills = _resources(info)
     blocks = blocks_per_sm(regs, smem, threads)

@@ -58,8 +58,11 @@ if not hasattr(types, "Array"):
 
 TUNABLES: dict[str, Any] = {
     # Threads per block (also the shared-memory scan width; a compile-time constant):
-    # a multiple of 32 up to 1024, or 1, 2, 4, 8 or 16.
-    "threads": 128,
+    # a multiple of 32 up to 1024, or 1, 2, 4, 8 or 16.  The default is gpu-check's
+    # fastest on an H200 for many long rows (row-resident driver) and time-major rows,
+    # and within its noise of the fastest for few long rows (fast look-back):
+    # benchmarks/results/*-nvidia-h200-sweep.txt.
+    "threads": 256,
     # Steps per thread per tile for row-major rows (float32 / float64 outputs);
     # staged in registers, a compile-time constant of the kernel.
     "k": 8,
@@ -72,21 +75,19 @@ TUNABLES: dict[str, Any] = {
     # bounds; 0 = no bound, ptxas decides).  A bound may spill registers to local memory.
     "min_blocks_per_sm": 0,
     # Use a block per row group (walking tiles) when there are at least this many
-    # row groups; else split rows into tiles with the look-back.
-    "rows_min_blocks": 1024,
-    # Experimental until measured on a GPU (gpu-check compares both ways of each):
+    # row groups; else split rows into tiles with the look-back.  256 rows of one
+    # block each fill an H200 (two resident blocks of 256 threads on each of 132 SMs),
+    # where the row-resident driver beats both look-backs.
+    "rows_min_blocks": 256,
+    # The one candidate beside the row-resident default (gpu-check times both ways):
     # MODE_ROWS blocks issue the loads of their next tile before scanning this one,
     # so a block always has loads in flight (costs the registers of a second tile).
     "prefetch": False,
     # MODE_LOOKBACK with one row per block, float32 outputs and (alpha, c) maps (all
     # but masked GAE): flags and values share 64-bit words written atomically, so
-    # publishing needs no memory fence, and one warp polls 32 tiles per round.
-    "fast_lookback": False,
-    # Type the kernel's arrays as C-contiguous (layout "C") when all of them are: the
-    # time stride is then a constant, which saves ptxas registers in the look-back
-    # kernel, and with them blocks per SM (test_ptx checks it); anything strided
-    # still takes the one layout-"A" kernel.  GPU only.
-    "contiguous_typing": False,
+    # publishing needs no memory fence, and one warp polls 32 tiles per round.  Off,
+    # every look-back takes the general one (a flag word, a fence, a record).
+    "fast_lookback": True,
     # Experimental (gpu-check compares both): warps read rewards and values coalesced
     # (consecutive lanes at consecutive steps) into shared memory, and threads take
     # their K consecutive steps from there, mirroring the stores; not with "prefetch"
@@ -102,11 +103,6 @@ TUNABLES: dict[str, Any] = {
     # allows: see vector_ok.  The same bits as the element accesses.  Not with
     # "coalesced_loads" or "shared_steps" (those read through shared memory instead).
     "vector_access": True,
-    # Experimental (GPU only; gpu-check compares both): launch the one compiled
-    # kernel directly, skipping Numba's per-call launch configuration, argument
-    # typing and stream conversion.  Also skips Numba's low-occupancy warning,
-    # which small problems (a few blocks, by design) otherwise trigger.
-    "direct_launch": False,
     # Experimental (GPU, CuPy; gpu-check compares it): pack the kernel's parameters
     # into one buffer in Python and launch through the CUDA driver (cuLaunchKernel via
     # CuPy), skipping Numba's per-argument launch work and the device-array views.
@@ -412,38 +408,18 @@ class _Launch:
         )
         key = (kind, mode, fwd, dt.str, nsh, K, opts & _CT)
         if not self.sim or _hook("typed_in_sim"):
-            kernel = _typed(kernel, key, args, int(get("min_blocks_per_sm")), bool(get("contiguous_typing")))
+            kernel = _typed(kernel, key, args, int(get("min_blocks_per_sm")))
         if self.sim:
             kernel[grid, (RW, TW)](*args)
             return
         try:
             if self.raw:
                 _launch_raw(kernel, self.dev, args, grid, (RW, TW), ptr)
-            elif get("direct_launch"):
-                _launch_direct(kernel, args, grid, (RW, TW), ptr)
             else:
                 kernel[grid, (RW, TW), _stream(ptr)](*args)
         except Exception as exc:
             _check_shared_memory(exc, nsh, K)
             raise
-
-
-_direct_kernels: dict[Any, Any] = {}
-_core_streams: dict[int, Any] = {}
-
-
-def _core_stream(ptr: int) -> Any:
-    """The stream object a compiled kernel's ``launch`` takes, cached per stream pointer."""
-    s = _core_streams.get(ptr)
-    if s is None:
-        from numba.cuda.cudadrv import driver
-
-        to_core = getattr(driver, "_to_core_stream", None)  # numba-cuda launching through cuda.core
-        s = _stream(ptr) if to_core is None else to_core(_stream(ptr))
-        if len(_core_streams) > 64:
-            _core_streams.clear()
-        _core_streams[ptr] = s
-    return s
 
 
 def _only_kernel(dispatcher: Any, tunable: str) -> Any:
@@ -453,17 +429,6 @@ def _only_kernel(dispatcher: Any, tunable: str) -> Any:
         raise RuntimeError(f"{tunable} needs a kernel compiled for exactly one signature, "
                            f"found {len(compiled)}; set the '{tunable}' tunable to False")
     return compiled[0]
-
-
-def _launch_direct(dispatcher: Any, args: tuple, grid: int, block: tuple[int, int], ptr: int) -> None:
-    """Launch the single compiled kernel of an explicit-signature dispatcher.
-
-    Same arguments, grid, block and stream as ``dispatcher[grid, block, stream](*args)``.
-    """
-    k = _direct_kernels.get(dispatcher)
-    if k is None:
-        k = _direct_kernels[dispatcher] = _only_kernel(dispatcher, "direct_launch")
-    k.launch(args, (grid, 1, 1), (block[0], block[1], 1), _core_stream(ptr), 0)
 
 
 class _RawKernel:
@@ -579,13 +544,6 @@ _CT = kern.CT_BITS
 _N_ARRAYS = 12
 
 
-def _c_contiguous(x: Any) -> bool:
-    if isinstance(x, (int, float, np.generic)):
-        return True  # a scalar argument
-    f = getattr(x, "is_c_contiguous", None)  # Numba device arrays (and the simulator's)
-    return bool(f()) if f is not None else bool(x.flags.c_contiguous)
-
-
 def launch_bounds(threads: int, min_blocks: int) -> tuple[int, int] | None:
     """The launch bounds a kernel of ``threads`` per block is compiled with (see :func:`_typed`)."""
     if min_blocks > 0 or threads > 256:
@@ -593,13 +551,11 @@ def launch_bounds(threads: int, min_blocks: int) -> tuple[int, int] | None:
     return None
 
 
-def _typed(kernel: Any, key: tuple, args: tuple, min_blocks: int = 0, contiguous: bool = False) -> Any:
+def _typed(kernel: Any, key: tuple, args: tuple, min_blocks: int = 0) -> Any:
     """A dispatcher compiled for ``args`` with every array typed as layout ``"A"``.
 
     Contiguous and strided views then share one compiled kernel (Numba would
-    otherwise compile one specialisation per combination of layouts).  With
-    ``contiguous``, calls whose arrays are all C-contiguous get a second kernel
-    with every array typed ``"C"`` (constant strides along the last axis).  Should
+    otherwise compile one specialisation per combination of layouts).  Should
     the explicit signature be refused, the lazily specialising kernel is used.
     ``min_blocks > 0`` compiles with launch bounds ``(threads, min_blocks)``
     (``threads`` = ``key[4]``, the largest block the kernel is launched with).
@@ -607,8 +563,7 @@ def _typed(kernel: Any, key: tuple, args: tuple, min_blocks: int = 0, contiguous
     unbounded, ptxas may use more registers than such a block can have (the
     prefetching kernel takes 166), and the launch would fail.
     """
-    layout = "C" if contiguous and all(_c_contiguous(x) for x in args) else "A"
-    full = key + (min_blocks, layout) + tuple(x.dtype for x in args[:_N_ARRAYS])
+    full = key + (min_blocks,) + tuple(x.dtype for x in args[:_N_ARRAYS])
     d = _typed_cache.get(full)
     if d is None:
         try:  # numba-cuda's own typeof (it knows device arrays and the CUDA array interface)
@@ -623,7 +578,7 @@ def _typed(kernel: Any, key: tuple, args: tuple, min_blocks: int = 0, contiguous
                 for x in args:
                     t = typeof(x)
                     if isinstance(t, types.Array):
-                        t = t.copy(layout=layout, readonly=False)
+                        t = t.copy(layout="A", readonly=False)
                     sig.append(t)
                 bounds = launch_bounds(key[4], min_blocks)
                 opts = {} if bounds is None else {"launch_bounds": bounds}
@@ -680,8 +635,7 @@ def plan(R: int, T: int, dtype: Any = np.float32, time_major: bool = False, pack
     ``options`` names the kernel's compile-time variants that the tunables asked for
     and that apply here (a tunable that does not apply to the shape is not listed);
     ``opts`` holds their bits (:mod:`gaescan.kernels.cuda`'s ``OPT_*``), with the rest
-    of what the kernel is built from: ``threads``, ``min_blocks_per_sm`` and
-    ``layout`` (the array layout the kernel is typed with, for C-contiguous arrays).
+    of what the kernel is built from: ``threads`` and ``min_blocks_per_sm``.
     ``vector``: the arrays allow 16-byte accesses (:func:`vector_ok`: C-contiguous
     and 16-byte aligned, as fresh CuPy and torch allocations are; never
     ``time_major`` ones); the kernel then gets ``OPT_VECTOR`` where ``T`` and ``K``
@@ -702,8 +656,7 @@ def plan(R: int, T: int, dtype: Any = np.float32, time_major: bool = False, pack
         blocks=ngroups * (nchunks if mode == kern.MODE_LOOKBACK else 1),
         options="+".join(n for b, n in OPTION_NAMES.items() if ct & b) or "-",
         opts=ct, threads=int(get("threads")),
-        min_blocks_per_sm=int(get("min_blocks_per_sm")),
-        layout="C" if get("contiguous_typing") else "A"))
+        min_blocks_per_sm=int(get("min_blocks_per_sm"))))
 
 
 def _coeff(L: _Launch, c: Any, bit: int) -> tuple[Any, float, int]:

@@ -654,15 +654,13 @@ def graph_torch_check(env: Env) -> str:
     return _packed_err(env, cu, r, v, d, adv, ret) + "; " + _intact(junk)
 
 
-FL = dict(fast_lookback=True)
-CL = dict(coalesced_loads=True)
-SH = dict(shared_steps=True)
-PF = dict(prefetch=True, rows_min_blocks=1)
-CT = dict(contiguous_typing=True)
+GL = dict(fast_lookback=False)
+PF = dict(prefetch=True)
 
 
 def fast_vs_general_check(env: Env) -> str:
-    """The fast look-back and its variants give the general look-back's bits, rows and packed."""
+    """The fast look-back (the default where it applies) gives the general look-back's bits,
+    also with long walks; rows and packed."""
     from gaescan.backends import cuda as cb
 
     lens = env.rng.geometric(1 / 5000, size=200)
@@ -670,17 +668,15 @@ def fast_vs_general_check(env: Env) -> str:
     rp, vp, dp = env.data((int(lens.sum()),))
     r4, v4, d4 = env.data((8, 2**20))
     out = []
-    for tun, hooks in ((dict(), {}), (FL, {}), (FL, dict(unpublished_tiles=True)), (dict(FL, **CL), {}),
-                       (CL, {}), (SH, {}), (dict(FL, **SH), {})):
+    for tun, hooks in ((GL, {}), (dict(), {}), (dict(), dict(unpublished_tiles=True)),
+                       (GL, dict(unpublished_tiles=True))):
         with cb.override(**tun), cb.test_hooks(**hooks):
             a, _ = env.gaescan.gae(r4, v4, gamma=0.99, lam=0.95, dones=d4, backend="cuda")
             ap, _ = env.gaescan.gae(rp, vp, gamma=0.99, lam=0.95, dones=dp, cu_seqlens=cu, backend="cuda")
         out.append(_h(a).tobytes() + _h(ap).tobytes())
     if any(o != out[0] for o in out):
-        raise AssertionError("the fast look-back (its long walks, coalesced loads or shared steps) "
-                             "changed the bits")
-    return ("bit-identical to the general look-back, also with long walks, coalesced loads and "
-            "shared steps; rows and packed")
+        raise AssertionError("the fast look-back (or long walks) changed the bits")
+    return "fast and general look-back bit-identical, also with long walks; rows and packed"
 
 
 def vector_vs_element_check(env: Env) -> str:
@@ -859,16 +855,6 @@ def correctness_cases(n_long: int) -> list[CheckCase]:
         C("Dask array of CuPy chunks: gae B=64 T=200000, chunks (32, 30000), lv[B]", dask_cupy_check,
           needs_dask=True),
     ]
-    # The experimental direct launch (tunable "direct_launch"): same kernels, same stream.
-    DL = dict(direct_launch=True)
-    cases += [
-        C("direct launch: gae many rows B=512 T=300 f32 dones", gae_check, _gae((512, 300)), DL),
-        C("direct launch: gae few long rows B=4 T=2^20 f32 dones (repeat)", gae_check,
-          _gae((4, 2**20), repeat=True), DL),
-        C("direct launch: packed f32 mask lv[S]", gae_check, _packed(), DL),
-        C("direct launch: cupy non-default stream B=8 T=2^20", cupy_stream_check, None, DL),
-        C("direct launch: no host synchronisation", no_host_sync_check, None, DL),
-    ]
     # The experimental raw launch (tunable "raw_launch"): parameters packed in Python,
     # cuLaunchKernel through CuPy.  Every dtype and option changes the parameter list.
     RL = dict(raw_launch=True)
@@ -888,81 +874,35 @@ def correctness_cases(n_long: int) -> list[CheckCase]:
         C("raw launch: no host synchronisation", no_host_sync_check, None, RL),
         C("raw launch: torch non-default stream B=8 T=2^20", torch_stream_check, None, RL, needs_torch=True),
     ]
-    # The experimental kernel variants (tunables "prefetch", "fast_lookback", "contiguous_typing",
-    # "coalesced_loads", "shared_steps").
+    # The row-resident driver's one candidate (tunable "prefetch"), and the general look-back
+    # where the fast one is the default (tunable "fast_lookback" off).
     cases += [
         C("prefetch: gae rows B=512 T=3000 f32 dones (3 tiles per row, repeat)", gae_check,
-          _gae((512, 3000), repeat=True), PF),
-        C("prefetch: gae rows B=256 T=131072 f32 dones, threads=256", gae_check, _gae((256, 131072)),
-          dict(PF, threads=256)),
-        C("prefetch: gae rows f16 inputs B=64 T=5000", gae_check, _gae((64, 5000), np.float16), PF),
-        C("prefetch: gae rows f64 B=64 T=50000", gae_check, _gae((64, 50000), np.float64), PF),
-        C("prefetch: packed f32 mask lv[S] (one row)", gae_check, _packed(), PF),
+          _gae((512, 3000), repeat=True), dict(PF, rows_min_blocks=1)),
+        C("prefetch: gae rows B=256 T=131072 f32 dones", gae_check, _gae((256, 131072)), PF),
+        C("prefetch: gae rows f16 inputs B=64 T=5000", gae_check, _gae((64, 5000), np.float16),
+          dict(PF, rows_min_blocks=1)),
+        C("prefetch: gae rows f64 B=64 T=50000", gae_check, _gae((64, 50000), np.float64),
+          dict(PF, rows_min_blocks=1)),
+        C("prefetch: packed f32 mask lv[S] (one row)", gae_check, _packed(), dict(PF, rows_min_blocks=1)),
         C("prefetch: terminated+truncated+next_values B=16 T=20000", tt_check,
-          _args(dtype=np.float32, shape=(16, 20000)), PF),
+          _args(dtype=np.float32, shape=(16, 20000)), dict(PF, rows_min_blocks=1)),
         C("prefetch: discounted_returns B=1024 T=1000", rets_check, _args(shape=(1024, 1000)), PF),
         C("prefetch: linear_scan forward a[B,T] B=512 T=4000", scans_check,
           _args(shape=(512, 4000), reverse=False, a_arr=True), PF),
-        C(f"fast look-back: gae B=4 T={N} f32 dones (repeat)", gae_check, _gae((4, N), repeat=True), FL),
-        C("fast look-back: gae B=256 T=131072 f32 dones, threads=256", gae_check, _gae((256, 131072)),
-          dict(FL, threads=256)),
-        C("fast look-back: gae f16 inputs B=4 T=2^20", gae_check, _gae((4, 2**20), np.float16), FL),
-        C("fast look-back: terminated+truncated+next_values B=2 T=2^20", tt_check,
-          _args(dtype=np.float32, shape=(2, 2**20)), FL),
-        C("fast look-back: discounted_returns B=2 T=2^21", rets_check, _args(shape=(2, 2**21)), FL),
-        C("fast look-back: discounted_returns packed mask lv[S]", rets_check, _args(shape=None, packed=True), FL),
-        C("fast look-back: linear_scan forward B=3 T=2^21", scans_check, _args(shape=(3, 2**21), reverse=False), FL),
-        C("fast look-back: linear_scan reverse B=3 T=2^21", scans_check, _args(shape=(3, 2**21), reverse=True), FL),
-        C(f"contiguous typing + fast look-back: gae B=4 T={N} f32 dones (repeat)", gae_check,
-          _gae((4, N), repeat=True), dict(CT, **FL)),
-        C("contiguous typing: gae many rows B=2048 T=2000 f32 dones lv[B]", gae_check, rows_lv, CT),
-        C("contiguous typing: gae time-major axis=0 T=4096 B=512 (strided: the A kernel)", gae_check,
-          _gae((4096, 512), axis=0), CT),
-        C("contiguous typing + prefetch: gae rows f16 inputs B=64 T=5000", gae_check,
-          _gae((64, 5000), np.float16), dict(CT, **PF)),
-        C(f"coalesced loads: gae few long rows B=4 T={N} f32 dones (repeat)", gae_check,
-          _gae((4, N), repeat=True), CL),
-        C(f"coalesced loads + fast look-back: gae B=4 T={N} f32 dones (repeat)", gae_check,
-          _gae((4, N), repeat=True), dict(CL, **FL)),
-        C("coalesced loads: gae rows B=2048 T=2000 f16 inputs", gae_check, _gae((2048, 2000), np.float16), CL),
-        C("coalesced loads: gae rows f64 B=64 T=50000", gae_check, _gae((64, 50000), np.float64), CL),
-        C("coalesced loads: gae time-major axis=0 T=4096 B=8 (4 rows per warp)", gae_check,
-          _gae((4096, 8), axis=0), CL),
-        C("coalesced loads: packed f32 mask lv[S]", gae_check, _packed(), CL),
-        C("coalesced loads: terminated+truncated+next_values B=16 T=20000", tt_check,
-          _args(dtype=np.float32, shape=(16, 20000)), CL),
-        C("coalesced loads: discounted_returns B=1024 T=1000", rets_check, _args(shape=(1024, 1000)), CL),
-        C("coalesced loads + fast look-back: linear_scan forward a[B,T] B=3 T=2^21", scans_check,
-          _args(shape=(3, 2**21), reverse=False, a_arr=True), dict(CL, **FL)),
-        C(f"shared steps: gae few long rows B=4 T={N} f32 dones (repeat)", gae_check,
-          _gae((4, N), repeat=True), SH),
-        C(f"shared steps + fast look-back, k=16: gae B=4 T={N} f32 dones (repeat)", gae_check,
-          _gae((4, N), repeat=True), dict(SH, k=16, **FL)),
-        C("shared steps + fast look-back: gae B=256 T=131072 f32 dones", gae_check, _gae((256, 131072)),
-          dict(SH, **FL)),
-        C("shared steps: gae rows B=2048 T=2000 f16 inputs", gae_check, _gae((2048, 2000), np.float16), SH),
-        C("shared steps: gae rows f64 B=64 T=50000", gae_check, _gae((64, 50000), np.float64), SH),
-        C("shared steps: gae rows B=2048 T=2000 f32 mask", gae_check,
-          _gae((2048, 2000), mask=("flags", (2048, 2000), 0.8)), SH),
-        C("shared steps: gae time-major axis=0 T=8192 B=512 (one time-thread per warp)", gae_check,
-          _gae((8192, 512), axis=0), SH),
-        C("shared steps: gae time-major axis=0 T=4096 B=8 (4 rows per warp)", gae_check,
-          _gae((4096, 8), axis=0), SH),
-        C("shared steps: gae long rows B=3 T=300001 f32 mask+gamma[B,1]+lam[B,T]+lv[B]", gae_check,
-          long_mixed, SH),
-        C("shared steps: packed f32 mask lv[S]", gae_check, _packed(), SH),
-        C("shared steps + fast look-back: discounted_returns packed mask lv[S]", rets_check,
-          _args(shape=None, packed=True), dict(SH, **FL)),
-        C("shared steps: terminated+truncated+next_values B=16 T=20000", tt_check,
-          _args(dtype=np.float32, shape=(16, 20000)), SH),
-        C("shared steps: discounted_returns B=1024 T=1000", rets_check, _args(shape=(1024, 1000)), SH),
-        C("shared steps + fast look-back: discounted_returns B=2 T=2^21", rets_check, _args(shape=(2, 2**21)),
-          dict(SH, **FL)),
-        C("shared steps + fast look-back: linear_scan forward a[B,T] B=3 T=2^21", scans_check,
-          _args(shape=(3, 2**21), reverse=False, a_arr=True), dict(SH, **FL)),
-        C("shared steps: linear_scan reverse B=512 T=4000", scans_check, _args(shape=(512, 4000), reverse=True), SH),
-        C("fast look-back, coalesced loads, shared steps == general look-back, B=8 T=2^20, packed S=200",
-          fast_vs_general_check, experimental=True),
+        C(f"general look-back: gae B=4 T={N} f32 dones (repeat)", gae_check, _gae((4, N), repeat=True), GL),
+        C("general look-back: gae f16 inputs B=4 T=2^20", gae_check, _gae((4, 2**20), np.float16), GL),
+        C("general look-back: terminated+truncated+next_values B=2 T=2^20", tt_check,
+          _args(dtype=np.float32, shape=(2, 2**20)), GL),
+        C("general look-back: discounted_returns B=2 T=2^21", rets_check, _args(shape=(2, 2**21)), GL),
+        C("general look-back: discounted_returns packed mask lv[S]", rets_check, _args(shape=None, packed=True),
+          GL),
+        C("general look-back: linear_scan forward B=3 T=2^21", scans_check, _args(shape=(3, 2**21), reverse=False),
+          GL),
+        C("general look-back: linear_scan reverse B=3 T=2^21", scans_check, _args(shape=(3, 2**21), reverse=True),
+          GL),
+        C("fast look-back == general look-back, B=8 T=2^20, packed S=200", fast_vs_general_check,
+          experimental=True),
         C("16-byte accesses == element accesses: both drivers, f32/f64, next_values, scans, returns, unaligned",
           vector_vs_element_check),
     ]
@@ -1330,8 +1270,6 @@ def benchmarks(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
             from gaescan.backends import cuda as cb
 
             row["host us/call"] = _host_us(cp, f)
-            with cb.override(direct_launch=True):
-                row["host us direct"] = _host_us(cp, f)
             try:  # experimental: a failure here must not cost the row its other figures
                 with cb.override(raw_launch=True):
                     row["host us raw"] = _host_us(cp, f)
@@ -1379,19 +1317,19 @@ def benchmarks(cp: Any, gaescan: Any, quick: bool, budget: float) -> None:
         rows.append(row)
         cp.get_default_memory_pool().free_all_blocks()
 
-    cols = ["kernel ms", "kernel GB/s", "gaescan ms", "host us/call", "host us direct", "host us raw",
+    cols = ["kernel ms", "kernel GB/s", "gaescan ms", "host us/call", "host us raw",
             "copy ms", "copy GB/s", "kernel x copy", "e2e x copy", "serial ms", "numpy-backend ms", "CxC chunk ms",
             "published chunk ms"]
-    heads = ["kernel ms", "kernel GB/s", "e2e ms", "host us", "host direct", "host raw", "copy ms", "copy GB/s",
+    heads = ["kernel ms", "kernel GB/s", "e2e ms", "host us", "host raw", "copy ms", "copy GB/s",
              "kernel frac", "e2e frac", "serial ms", "numpy-bk ms", "CxC ms", "publ. ms"]
     print()
     print("GAE float32 with dones on the cuda backend, N = B*T steps (17 bytes/step: 4 r + 4 V + 1 done read,")
     print("4 adv + 4 ret written).")
     print(TIMING_HELP)
     print("kernel GB/s / copy GB/s = 17N bytes / kernel ms / copy ms (the copy moves 17N/2 bytes: 17N of traffic).")
-    print("host us     = host time per call of 200 back-to-back calls (shapes up to 2^20 steps); host direct /")
-    print("              host raw = the same with the experimental direct_launch (no Numba launch configuration")
-    print("              per call) / raw_launch (parameters packed in Python, cuLaunchKernel through CuPy) tunables.")
+    print("host us     = host time per call of 200 back-to-back calls (shapes up to 2^20 steps); host raw = the")
+    print("              same with the experimental raw_launch tunable (parameters packed in Python,")
+    print("              cuLaunchKernel through CuPy).")
     print("serial      = CuPy loop over time (vectorised over batch), CUDA events, end to end.")
     print("numpy-bk    = gaescan.gae(..., backend='numpy') on the same CuPy arrays (with dones), end to end.")
     print("CxC         = local C=256 kernel-matmul chunk scan (constant gamma*lam, NO dones: not the same")
@@ -1517,54 +1455,24 @@ def sweep_shapes(quick: bool = False) -> list[tuple[str, int, int, list[dict]]]:
     """The sweep's shapes and, per shape, the CUDA tunable settings it times, most telling first.
 
     Each item is ``(label, B, T, settings)``; a setting is a dict for
-    :func:`gaescan.backends.cuda.override`.  A sweep past its budget is cut short,
-    so the order matters.
+    :func:`gaescan.backends.cuda.override` (the empty one: the defaults, timed
+    first).  A sweep past its budget is cut short, so the order matters.
+    Prefetching needs more registers than two blocks of 256 threads can have:
+    ``min_blocks_per_sm=2`` caps them (at the cost of a few spills).  Each sweep
+    line prints the registers, spills and blocks per SM that ptxas gives the
+    setting.
     """
-    base = dict(threads=128, k=8)
-    fast = dict(fast_lookback=True)
+    lookback = dict(rows_min_blocks=1 << 30)  # rows split into tiles with the look-back
     rows = dict(rows_min_blocks=1)  # a block per row walking its tiles, no look-back
-    pf = dict(rows, prefetch=True)
-    # Prefetching needs more registers than two blocks of 256 threads can have:
-    # min_blocks_per_sm=2 caps them (at the cost of a few spills), and blocks of more
-    # than 256 threads get that cap anyway.  Each sweep line prints the registers,
-    # spills and blocks per SM that ptxas gives the setting.
-    ct = dict(contiguous_typing=True)  # layout-"C" kernels: a constant time stride, fewer registers
-    cl = dict(coalesced_loads=True)  # loads coalesced through shared memory, as the stores are
-    # Steps kept in shared memory instead of K per-thread registers each: fewer
-    # registers, more blocks per SM; min_blocks_per_sm=8 fits eight without spills.
-    sh = dict(shared_steps=True)
-    sh8 = dict(shared_steps=True, min_blocks_per_sm=8)
-    b256 = [base, dict(base, **fast), dict(base, **sh), dict(base, **fast, **sh), dict(base, **fast, **sh8),
-            dict(threads=128, k=16, **fast, **ct, **sh8), dict(base, **fast, **ct, **sh8),
-            dict(base, **fast, **ct, **sh), dict(threads=128, k=16, **fast, **sh),
-            dict(threads=128, k=16, **fast, **ct, **sh), dict(threads=256, k=8, **fast, **sh),
-            dict(threads=128, k=16, **sh),
-            dict(base, **fast, **ct), dict(base, **fast, **cl),
-            dict(base, **fast, **ct, **cl), dict(base, **cl), dict(base, **rows), dict(base, **rows, **cl),
-            dict(base, **pf), dict(base, **pf, **ct), dict(threads=256, k=8, **rows, **cl),
-            dict(threads=256, k=8, **rows), dict(threads=256, k=8, **pf),
-            dict(threads=256, k=8, min_blocks_per_sm=2, **pf), dict(threads=256, k=8, **fast),
-            dict(threads=512, k=8, **rows), dict(threads=512, k=8, **pf), dict(threads=512, k=4, **pf),
-            dict(threads=128, k=16, **fast), dict(threads=256, k=16, **fast), dict(threads=256, k=16, **rows),
-            dict(base, min_blocks_per_sm=6, **fast),
-            dict(threads=128, k=4), dict(threads=256, k=8), dict(threads=128, k=16), dict(threads=256, k=4),
-            dict(threads=512, k=4), dict(base, min_blocks_per_sm=6)]
-    b4 = [base, dict(base, **fast), dict(base, **sh), dict(base, **fast, **sh), dict(base, **fast, **sh8),
-          dict(threads=128, k=16, **fast, **ct, **sh8), dict(base, **fast, **ct, **sh8),
-          dict(base, **fast, **ct, **sh), dict(threads=128, k=16, **fast, **sh),
-          dict(threads=256, k=16, **fast, **sh),
-          dict(threads=256, k=8, **fast, **sh), dict(base, **fast, **ct), dict(base, **fast, **cl),
-          dict(base, **fast, **ct, **cl),
-          dict(base, **cl), dict(base, **ct), dict(threads=128, k=16, **fast, **cl),
-          dict(threads=256, k=8, **fast), dict(threads=128, k=16, **fast), dict(threads=128, k=16, **fast, **ct),
-          dict(threads=256, k=16, **fast), dict(base, min_blocks_per_sm=6, **fast),
-          dict(threads=256, k=8), dict(threads=128, k=16), dict(threads=128, k=4), dict(threads=256, k=4),
-          dict(threads=512, k=4), dict(base, min_blocks_per_sm=6)]
-    # 1024 rows walk their tiles by default
-    b1024 = [base, dict(base, **sh), dict(base, **sh8), dict(threads=256, k=8, **sh),
-             dict(threads=128, k=16, **sh),
-             dict(base, prefetch=True), dict(base, **cl), dict(threads=256, k=8, prefetch=True),
-             dict(threads=256, k=8, **cl), dict(threads=256, k=8, prefetch=True, min_blocks_per_sm=2)]
+    general = dict(fast_lookback=False)
+    pf = dict(prefetch=True)
+    b256 = [{}, dict(pf), dict(pf, min_blocks_per_sm=2), dict(threads=128), dict(threads=512), dict(k=16),
+            dict(lookback), dict(lookback, threads=128), dict(lookback, **general), dict(threads=128, **pf),
+            dict(min_blocks_per_sm=2)]
+    b4 = [{}, dict(threads=128), dict(general), dict(threads=128, k=16), dict(threads=512), dict(k=16),
+          dict(threads=128, min_blocks_per_sm=6), dict(rows)]
+    b1024 = [{}, dict(pf), dict(threads=128), dict(threads=128, **pf), dict(pf, min_blocks_per_sm=2),
+             dict(threads=512)]
     if quick:
         return [("B=64 T=16384", 64, 16384, b4[:2])]
     return [("B=256 T=131072", 256, 131072, b256), ("B=4 T=2^22", 4, 2**22, b4),
@@ -1578,11 +1486,8 @@ def time_major_settings() -> list[dict]:
     steps per thread; the row-resident driver needs ``rows_min_blocks`` at most
     ``B / rows_time_major`` (a block per row group).
     """
-    base = dict(threads=128)
-    return [base, dict(base, rows_min_blocks=1), dict(base, k_time_major=16), dict(base, k_time_major=4),
-            dict(threads=256), dict(threads=256, rows_min_blocks=1), dict(base, rows_time_major=16),
-            dict(base, rows_time_major=16, rows_min_blocks=1), dict(threads=256, k_time_major=16),
-            dict(base, fast_lookback=True, shared_steps=True)]
+    return [{}, dict(threads=128), dict(k_time_major=16), dict(k_time_major=4), dict(rows_time_major=16),
+            dict(rows_min_blocks=1), dict(threads=512), dict(rows_time_major=64)]
 
 
 def blocks_per_sm(regs: int, smem: int, threads: int, props: dict | None = None) -> int:
@@ -1695,7 +1600,7 @@ def sweep(cp: Any, gaescan: Any, quick: bool, budget: float, progress: str | Non
                 with watchdog(f"sweep {key}"), cb.override(**st):
                     pl = cb.plan(B, T, np.float32, time_major=axis == 0, vector=axis == -1)
                     spec = tuple(pl[k] for k in ("mode", "k", "opts", "threads", "min_blocks_per_sm",
-                                                 "layout", "rows_per_block"))
+                                                 "rows_per_block"))
                     call = functools.partial(gaescan.gae, r, v, gamma=0.99, lam=0.95, dones=d, axis=axis,
                                              out=(a0, r0), backend="cuda")
                     t = _events_ms(cp, call)
@@ -1740,7 +1645,7 @@ def host_profile(cp: Any, gaescan: Any, calls: int = 300, top: int = 18) -> None
 
     from gaescan.backends import cuda as cb
 
-    for tun in (dict(), dict(direct_launch=True), dict(raw_launch=True)):
+    for tun in (dict(), dict(raw_launch=True)):
         with cb.override(**tun):
             for _ in range(20):
                 f()
