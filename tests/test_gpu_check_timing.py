@@ -143,17 +143,29 @@ def test_spin_sized_from_the_host_time_of_slow_calls(gpu):
 
 
 def test_too_short_a_spin_is_doubled_once(gpu):
-    # 20 calls take 1.6 ms of host time: a 1 ms spin is too short, a 2 ms one is not.
-    t = gc._kernel_alone(gpu.cp, gpu.call(host_ms=0.08, kernel_ms=0.2), calls=20, spin_ms=1.0)
+    # 20 calls take 1.6 ms of host time: a 1.5 ms spin is too short, a second one
+    # lasting twice that host time is not.
+    t = gc._kernel_alone(gpu.cp, gpu.call(host_ms=0.08, kernel_ms=0.2), calls=20, spin_ms=1.5)
     assert t.valid and t.tries == 2
-    assert t.spin_ms == pytest.approx(2.0)
+    assert t.spin_ms == pytest.approx(2 * 20 * 0.08, rel=1e-3)
     assert t.ms == pytest.approx(0.2)
 
 
+def test_a_far_too_short_spin_grows_to_twice_the_host_time(gpu):
+    # The spin's calibration can be off several times over (an idle GPU clocks down):
+    # 20 calls take 4 ms of host time behind a 0.5 ms spin; the second spin lasts 8 ms.
+    t = gc._kernel_alone(gpu.cp, gpu.call(host_ms=0.2, kernel_ms=0.05), calls=20, spin_ms=0.5)
+    assert t.valid and t.tries == 2
+    assert t.spin_ms == pytest.approx(2 * 20 * 0.2, rel=1e-3)
+    assert t.ms == pytest.approx(0.05)
+
+
 def test_host_bound_is_reported_not_valid(gpu):
-    # 20 calls take 4 ms of host time: neither a 1 ms nor a 2 ms spin covers it.  The
-    # events then span host gaps, so total / calls would overstate the kernel.
-    t = gc._kernel_alone(gpu.cp, gpu.call(host_ms=0.2, kernel_ms=0.05), calls=20, spin_ms=1.0)
+    # 20 calls take 400 ms of host time: neither a 1 ms spin nor the longest second
+    # spin (SPIN_MAX_MS) covers it.  The events then span host gaps, so total / calls
+    # would overstate the kernel.
+    assert 20 * 20.0 > gc.SPIN_MAX_MS
+    t = gc._kernel_alone(gpu.cp, gpu.call(host_ms=20.0, kernel_ms=0.05), calls=20, spin_ms=1.0)
     assert not t.valid and t.tries == 2
     assert t.ms is None and t.figure == gc.HOST_BOUND == "host-bound"
     assert t.total_ms / t.calls > 0.05 * 1.5
@@ -184,10 +196,11 @@ def test_timing_columns(gpu):
 
 def test_timing_columns_of_a_host_bound_call(gpu, monkeypatch):
     # Warm-up calls are cheap, the timed ones are not: the spin sized from the
-    # warm-up falls short twice, and the row says so instead of giving a figure.
+    # warm-up falls short, and so does the longest second spin (20 calls of 20 ms of
+    # host time each), and the row says so instead of giving a figure.
     n = 1 << 16
     calls = {"n": 0}
-    cheap, dear = gpu.call(0.001, 0.01), gpu.call(1.0, 0.01)
+    cheap, dear = gpu.call(0.001, 0.01), gpu.call(20.0, 0.01)
 
     def f():
         calls["n"] += 1

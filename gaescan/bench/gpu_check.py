@@ -962,6 +962,7 @@ extern "C" __global__ void gaescan_spin(long long cycles) {
 """
 SPIN_CALIBRATION_CYCLES = 1_000_000  # length of the spin that measures the SM clock rate
 SPIN_MIN_MS = 2.0  # shortest spin queued ahead of the timed calls
+SPIN_MAX_MS = 200.0  # longest spin of a second try
 KERNEL_CALLS = 20  # back-to-back calls per kernel-alone timing
 HOST_BOUND = "host-bound"  # the figure of a kernel-alone timing the host did not keep up with
 
@@ -1014,7 +1015,8 @@ class QueuedTiming:
     spin_ms : float
         GPU time of the spin, measured alone just before the timed calls.
     tries : int
-        Number of timed runs made (the second one with a spin twice as long).
+        Number of timed runs made (the second one with a spin long enough for twice the
+        host time the first measured, at most :data:`SPIN_MAX_MS`).
     """
 
     total_ms: float
@@ -1056,7 +1058,8 @@ def _kernel_alone(cp: Any, fn: Callable[[], Any], calls: int = KERNEL_CALLS, war
     ``e1``; the time per call is ``elapsed(e0, e1) / calls``.  The host time from
     the spin's launch to the last call's return is compared with the spin's own
     GPU time, measured alone: if the host took longer, the GPU waited for it
-    inside the span, and the run is repeated once with a spin twice as long.
+    inside the span, and the run is repeated once with a spin that lasts twice the
+    host time it measured (at least twice the first spin, at most :data:`SPIN_MAX_MS`).
 
     Parameters
     ----------
@@ -1104,7 +1107,10 @@ def _kernel_alone(cp: Any, fn: Callable[[], Any], calls: int = KERNEL_CALLS, war
         timing = QueuedTiming(cp.cuda.get_elapsed_time(e0, e1), calls, host_ms, spin_alone, tries)
         if timing.valid:
             break
-        cycles *= 2
+        # The second spin covers twice the host time the first try measured: the
+        # calibration's cycles per ms drift with the SM clock (an idle GPU clocks down).
+        scale = max(2.0, 2.0 * host_ms / max(spin_alone, 1e-3))
+        cycles = max(int(cycles * min(scale, SPIN_MAX_MS / max(spin_alone, 1e-3))), 1)
     return timing
 
 
