@@ -33,7 +33,9 @@ from gaescan.backends import cuda as cb  # noqa: E402
 
 # Tiny geometries: (threads per block, steps per thread, rows_min_blocks).
 ROWS = dict(threads=8, k=2, k_f64=3, k_time_major=2, rows_time_major=4, rows_min_blocks=1)
-LOOKBACK = dict(threads=8, k=3, k_f64=2, k_time_major=3, rows_time_major=4, rows_min_blocks=10**9)
+# The general look-back (the fast one, the default where it applies, is a variant below).
+LOOKBACK = dict(threads=8, k=3, k_f64=2, k_time_major=3, rows_time_major=4, rows_min_blocks=10**9,
+                fast_lookback=False)
 # Look-back where only every 16th tile publishes its state: later tiles walk past
 # many published maps (windows longer than the block) and apply them in order.
 LONGWALK = dict(LOOKBACK, k=2, unpublished_tiles=True)
@@ -518,7 +520,7 @@ VARIANTS = [
     ("fast-tiny-warp", dict(LONGWALK, threads=4, fast_lookback=True), dict(LONGWALK, threads=4), "OPT_FASTLB"),
     # 32 threads, 1 step each: warp 0 polls all the row's later tiles at once (lanes past tile 0).
     ("fast-full-warp", dict(threads=32, k=1, rows_min_blocks=10**9, fast_lookback=True),
-     dict(threads=32, k=1, rows_min_blocks=10**9), "OPT_FASTLB"),
+     dict(threads=32, k=1, rows_min_blocks=10**9, fast_lookback=False), "OPT_FASTLB"),
     # Coalesced loads, and steps kept in shared memory, over four baselines ("2rows": two
     # rows per block, 16 time-threads each, one tile of 8 steps per thread).
     *[(f"{vname}-{bname}", dict(base, **{tunable: True}), base, bit)
