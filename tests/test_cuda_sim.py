@@ -481,19 +481,20 @@ def test_explicit_signature_launch_path():
 # --------------------------------------------------------------------------- kernel variants
 
 # The compile-time variants behind the "prefetch" and "fast_lookback" tunables, each
-# against its baseline: the oracle's numbers, the baseline's bits, and the variant's
-# code actually compiled and launched.
+# against its baseline (the tunable off): the oracle's numbers, the baseline's bits,
+# and the variant's code actually compiled and launched.
 VARIANTS = [
-    ("prefetch", dict(ROWS, prefetch=True), ROWS, "OPT_PREFETCH"),
+    ("prefetch", dict(ROWS, prefetch=True), dict(ROWS, prefetch=False), "OPT_PREFETCH"),
     ("prefetch-2warps", dict(threads=64, k=1, rows_min_blocks=1, prefetch=True),
-     dict(threads=64, k=1, rows_min_blocks=1), "OPT_PREFETCH"),
-    ("fast", dict(LOOKBACK, fast_lookback=True), LOOKBACK, "OPT_FASTLB"),
-    ("fast-longwalk", dict(LONGWALK, fast_lookback=True), LONGWALK, "OPT_FASTLB"),
+     dict(threads=64, k=1, rows_min_blocks=1, prefetch=False), "OPT_PREFETCH"),
+    ("fast", dict(LOOKBACK, fast_lookback=True), dict(LOOKBACK, fast_lookback=False), "OPT_FASTLB"),
+    ("fast-longwalk", dict(LONGWALK, fast_lookback=True), dict(LONGWALK, fast_lookback=False), "OPT_FASTLB"),
     # 2 steps per tile and 4 threads: windows of 4 lanes, many rounds per look-back.
-    ("fast-tiny-warp", dict(LONGWALK, threads=4, fast_lookback=True), dict(LONGWALK, threads=4), "OPT_FASTLB"),
+    ("fast-tiny-warp", dict(LONGWALK, threads=4, fast_lookback=True),
+     dict(LONGWALK, threads=4, fast_lookback=False), "OPT_FASTLB"),
     # 32 threads, 1 step each: warp 0 polls all the row's later tiles at once (lanes past tile 0).
     ("fast-full-warp", dict(threads=32, k=1, rows_min_blocks=10**9, fast_lookback=True),
-     dict(threads=32, k=1, rows_min_blocks=10**9), "OPT_FASTLB"),
+     dict(threads=32, k=1, rows_min_blocks=10**9, fast_lookback=False), "OPT_FASTLB"),
 ]
 
 
