@@ -294,31 +294,6 @@ def test_block_scan_across_warps(geom, feature):
     close(ret, er, np.float64)
 
 
-@pytest.mark.parametrize("tunable", ["coalesced_loads", "shared_steps"])
-@pytest.mark.parametrize("feature", ["dones", "mask"])
-@pytest.mark.parametrize("geom", WARP_GEOMETRIES, ids=[g[0] for g in WARP_GEOMETRIES])
-def test_staged_steps_across_warps(geom, feature, tunable, launched):
-    # Staged loads (and steps kept in shared memory) in every warp layout: several
-    # rows per warp, a row past the last (rows-rw2: R=3 in blocks of 2), time-major
-    # warps.  The same bits as the default kernels.
-    from gaescan.kernels import cuda as kern
-
-    name, tun = geom[:2]
-    r, v, d, m, lv = _warp_problem(geom, feature, 19)
-    got = run_gae(dict(tun, **{tunable: True}), np.float64, r, v, 0.97, 0.9, term=d, mask=m, lv=lv)
-    if tunable == "coalesced_loads":
-        staged = [bool(o & kern.OPT_CLOAD) for o in launched]
-        # One time-thread per warp (RW=32) reads 32 rows' consecutive addresses already.
-        assert staged == [name != "lookback-tm-rw32"]
-    else:
-        # Every warp layout (RW=32 stages each thread's own steps), masked or not.
-        assert [bool(o & kern.OPT_SHSTEPS) for o in launched] == [True]
-    want = run_gae(tun, np.float64, r, v, 0.97, 0.9, term=d, mask=m, lv=lv)
-    for x, w, e in zip(got, want, gae_oracle(r, v, 0.97, 0.9, term=d, mask=m, lv=lv), strict=True):
-        close(x, e, np.float64)
-        assert x.tobytes() == w.tobytes()
-
-
 # --------------------------------------------------------------------------- returns
 
 
@@ -508,31 +483,20 @@ def test_explicit_signature_launch_path():
 # --------------------------------------------------------------------------- kernel variants
 
 # The compile-time variants behind the "prefetch" and "fast_lookback" tunables, each
-# against its baseline: the oracle's numbers, the baseline's bits, and the variant's
-# code actually compiled and launched.
+# against its baseline (the tunable off): the oracle's numbers, the baseline's bits,
+# and the variant's code actually compiled and launched.
 VARIANTS = [
-    ("prefetch", dict(ROWS, prefetch=True), ROWS, "OPT_PREFETCH"),
+    ("prefetch", dict(ROWS, prefetch=True), dict(ROWS, prefetch=False), "OPT_PREFETCH"),
     ("prefetch-2warps", dict(threads=64, k=1, rows_min_blocks=1, prefetch=True),
-     dict(threads=64, k=1, rows_min_blocks=1), "OPT_PREFETCH"),
-    ("fast", dict(LOOKBACK, fast_lookback=True), LOOKBACK, "OPT_FASTLB"),
-    ("fast-longwalk", dict(LONGWALK, fast_lookback=True), LONGWALK, "OPT_FASTLB"),
+     dict(threads=64, k=1, rows_min_blocks=1, prefetch=False), "OPT_PREFETCH"),
+    ("fast", dict(LOOKBACK, fast_lookback=True), dict(LOOKBACK, fast_lookback=False), "OPT_FASTLB"),
+    ("fast-longwalk", dict(LONGWALK, fast_lookback=True), dict(LONGWALK, fast_lookback=False), "OPT_FASTLB"),
     # 2 steps per tile and 4 threads: windows of 4 lanes, many rounds per look-back.
-    ("fast-tiny-warp", dict(LONGWALK, threads=4, fast_lookback=True), dict(LONGWALK, threads=4), "OPT_FASTLB"),
+    ("fast-tiny-warp", dict(LONGWALK, threads=4, fast_lookback=True),
+     dict(LONGWALK, threads=4, fast_lookback=False), "OPT_FASTLB"),
     # 32 threads, 1 step each: warp 0 polls all the row's later tiles at once (lanes past tile 0).
     ("fast-full-warp", dict(threads=32, k=1, rows_min_blocks=10**9, fast_lookback=True),
      dict(threads=32, k=1, rows_min_blocks=10**9, fast_lookback=False), "OPT_FASTLB"),
-    # Coalesced loads, and steps kept in shared memory, over four baselines ("2rows": two
-    # rows per block, 16 time-threads each, one tile of 8 steps per thread).
-    *[(f"{vname}-{bname}", dict(base, **{tunable: True}), base, bit)
-      for vname, tunable, bit in (("cload", "coalesced_loads", "OPT_CLOAD"),
-                                  ("shared", "shared_steps", "OPT_SHSTEPS"))
-      for bname, base in (("rows", ROWS), ("lookback", LOOKBACK),
-                          ("fast", dict(LOOKBACK, fast_lookback=True)),
-                          ("2rows", dict(threads=64, k=8, rows_min_blocks=1)))],
-    ("shared-longwalk", dict(LONGWALK, shared_steps=True), LONGWALK, "OPT_SHSTEPS"),
-    # Steps kept in shared memory, with the coalesced-loads tunable set as well (it yields).
-    ("shared-over-cload", dict(LOOKBACK, coalesced_loads=True, shared_steps=True),
-     dict(LOOKBACK, coalesced_loads=True), "OPT_SHSTEPS"),
 ]
 
 
@@ -600,13 +564,7 @@ VARIANT_PROBLEMS = ["gae-dones", "gae-f16-nan-after-done", "gae-next-values", "g
 _SOME = {"prefetch-2warps": ["gae-dones", "gae-packed"],
          "fast-longwalk": ["gae-dones", "gae-packed", "returns-mask"],
          "fast-tiny-warp": ["gae-dones", "scan-forward"],
-         "fast-full-warp": ["gae-next-values", "gae-packed"],
-         "cload-fast": ["gae-dones", "gae-packed", "scan-reverse"],
-         "cload-2rows": ["gae-dones", "gae-next-values", "returns-mask", "scan-forward"],
-         "shared-longwalk": ["gae-dones", "gae-next-values", "gae-packed", "returns-mask"],
-         "shared-fast": ["gae-dones", "gae-f16-nan-after-done", "gae-packed", "returns-mask", "scan-reverse"],
-         "shared-2rows": ["gae-dones", "gae-next-values", "returns-mask", "scan-forward"],
-         "shared-over-cload": ["gae-dones", "scan-forward"]}
+         "fast-full-warp": ["gae-next-values", "gae-packed"]}
 VARIANT_CASES = [(v, p) for v in VARIANTS for p in _SOME.get(v[0], VARIANT_PROBLEMS)]
 
 
@@ -663,80 +621,6 @@ def test_kernel_variants_only_where_they_apply(case, launched):
     adv, _ = run_gae(tun, dt, r, v, 0.9, 0.8, mask=m)
     close(adv, gae_oracle(r, v, float(dt(0.9)), float(dt(0.8)), mask=m)[0], dt)
     assert launched and not any(o & (kern.OPT_FASTLB | kern.OPT_PREFETCH) for o in launched)
-
-
-@pytest.mark.parametrize("case", ["with-prefetch", "gamma-array", "lam-array"])
-def test_coalesced_loads_only_where_they_apply(case, launched):
-    # Staging needs a buffer for every per-step input (none for λ arrays, nor for γ
-    # arrays outside the linear scan), and the prefetching rows kernel keeps its loads
-    # in flight instead; the tunable then leaves the default loads.
-    from gaescan.kernels import cuda as kern
-
-    rng = np.random.default_rng(22)
-    R, T = 2, 45
-    r, v = rng.standard_normal((R, T)).astype(np.float32), rng.standard_normal((R, T)).astype(np.float32)
-    d = rng.random((R, T)) < 0.1
-    g, lam = 0.9, 0.8
-    tun = dict(LOOKBACK, coalesced_loads=True)
-    if case == "with-prefetch":
-        tun = dict(ROWS, coalesced_loads=True, prefetch=True)
-    elif case == "gamma-array":
-        g = rng.uniform(0.8, 1.0, (R, T)).astype(np.float32)
-    else:
-        lam = rng.uniform(0.8, 1.0, (R, T)).astype(np.float32)
-    adv, _ = run_gae(tun, np.float32, r, v, g, lam, term=d)
-    g32 = g if np.ndim(g) else float(np.float32(g))
-    l32 = lam if np.ndim(lam) else float(np.float32(lam))
-    close(adv, gae_oracle(r, v, g32, l32, term=d)[0], np.float32)
-    assert launched and not any(o & kern.OPT_CLOAD for o in launched)
-    if case == "with-prefetch":
-        assert all(o & kern.OPT_PREFETCH for o in launched)
-
-
-@pytest.mark.parametrize("case", ["masked-gae", "packed", "packed-uncovered", "gamma-array", "lam-array",
-                                  "with-prefetch"])
-def test_shared_steps_where_they_apply(case, launched):
-    # emit forms each step again from shared memory: masked GAE's five-number maps
-    # whole, packed rows walking their segments again (latest step first, as the fold),
-    # per-step γ and λ arrays read from global memory.  Everywhere the same bits as the
-    # default kernels; only the prefetching rows kernel keeps its steps in registers.
-    from gaescan.kernels import cuda as kern
-
-    rng = np.random.default_rng(23)
-    R, T = 2, 45
-    f = np.float32
-    r, v = rng.standard_normal((R, T)).astype(f), rng.standard_normal((R, T)).astype(f)
-    d = rng.random((R, T)) < 0.1
-    g, lam, lv, m, cu = float(f(0.9)), float(f(0.8)), 0.5, None, None
-    base = LOOKBACK
-    if case == "masked-gae":
-        m = rng.random((R, T)) < 0.8
-    elif case.startswith("packed"):
-        # Empty segments, one-step segments, thread and tile boundaries inside segments;
-        # "uncovered": steps before the first and after the last segment (outputs 0).
-        cu = np.array([0, 7, 7, 8, 60, 90] if case == "packed" else [5, 7, 7, 8, 60, 80], dtype=np.int64)
-        r, v, d = r.reshape(1, -1), v.reshape(1, -1), d.reshape(1, -1)
-        m = rng.random(r.shape) < 0.85
-        lv = rng.standard_normal(len(cu) - 1).astype(f)
-    elif case == "with-prefetch":
-        base = dict(ROWS, prefetch=True)
-    elif case == "gamma-array":
-        g = rng.uniform(0.8, 1.0, (R, T)).astype(f)
-    else:
-        lam = rng.uniform(0.8, 1.0, (R, T)).astype(f)
-    got = run_gae(dict(base, shared_steps=True), f, r, v, g, lam, term=d, mask=m, lv=lv, cu=cu)
-    applies = case != "with-prefetch"
-    assert launched and all(bool(o & kern.OPT_SHSTEPS) == applies for o in launched)
-    if case != "packed-uncovered":
-        for x, e in zip(got, gae_oracle(r, v, g, lam, term=d, mask=m, lv=lv, cu=cu), strict=True):
-            close(x, e, f)
-    else:
-        assert not got[0][0, :5].any() and not got[0][0, 80:].any()
-    launched.clear()
-    want = run_gae(base, f, r, v, g, lam, term=d, mask=m, lv=lv, cu=cu)
-    assert launched and not any(o & kern.OPT_SHSTEPS for o in launched)
-    for x, w in zip(got, want, strict=True):
-        assert x.tobytes() == w.tobytes(), "shared steps changed the bits"
 
 
 # --------------------------------------------------------------------------- fast look-back, concurrently
@@ -1050,7 +934,7 @@ def _aligned(shape, dtype, offset_bytes=0):
 
 @pytest.mark.parametrize("case", ["aligned", "aligned-f64", "tunable-off", "f16-inputs", "T-not-multiple",
                                   "K-not-multiple", "misaligned-rewards", "misaligned-output",
-                                  "strided-values", "time-major", "coalesced-loads", "shared-steps"])
+                                  "strided-values", "time-major"])
 def test_vector_access_only_where_valid(case, launched):
     # The backend sets OPT_VECTOR only where every 16-byte access is valid; elsewhere
     # the element accesses run, with the oracle's numbers.
@@ -1083,10 +967,6 @@ def test_vector_access_only_where_valid(case, launched):
         v = np.repeat(v, 2, axis=1)[:, ::2]
     elif case == "time-major":
         r, v = np.ascontiguousarray(r.T).T, np.ascontiguousarray(v.T).T
-    elif case == "coalesced-loads":
-        tun["coalesced_loads"] = True
-    elif case == "shared-steps":
-        tun["shared_steps"] = True
     T = r.shape[1]
     adv, ret = _aligned((R, T), dt, out_off), _aligned((R, T), dt)
     p = GAEProblem(rows=rows_of(dt, R, T), rewards=r, values=v, next_values=None, terminated=d,
@@ -1113,8 +993,6 @@ def test_plan_reports_vector_access():
     assert not cb.plan(256, 131072, time_major=True, vector=True)["opts"] & kern.OPT_VECTOR
     assert not cb.plan(256, 131070, vector=True)["opts"] & kern.OPT_VECTOR
     with cb.override(vector_access=False):
-        assert not cb.plan(256, 131072, vector=True)["opts"] & kern.OPT_VECTOR
-    with cb.override(shared_steps=True):
         assert not cb.plan(256, 131072, vector=True)["opts"] & kern.OPT_VECTOR
     with cb.override(k=2):
         assert not cb.plan(256, 131072, vector=True)["opts"] & kern.OPT_VECTOR

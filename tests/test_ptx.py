@@ -94,16 +94,11 @@ def _arr(dt, nd):
     return types.Array(numba.from_dtype(np.dtype(dt)), nd, "A")
 
 
-def _sig(kind, out, inp, flag, coeff=None, layout="A"):
+def _sig(kind, out, inp, flag, coeff=None):
     """The argument types of one launch (see the backend's ``_Launch.run``).
 
-    Arrays are typed ``layout`` ("A": the backend types every launch so).
+    Arrays are typed ``"A"``, as the backend types every launch.
     """
-    sig = _sig_a(kind, out, inp, flag, coeff)
-    return tuple(t.copy(layout=layout) if isinstance(t, types.Array) else t for t in sig)
-
-
-def _sig_a(kind, out, inp, flag, coeff=None):
     from gaescan.kernels import cuda as kern
 
     o = numba.from_dtype(np.dtype(out))
@@ -176,39 +171,6 @@ def _cases():
                 np.float32, np.float32, np.bool_, None, FL | P))
     out.append(("returns-lookback-fast-float32<-float32-mask+packed", kern.RET, kern.MODE_LOOKBACK, False,
                 np.float32, np.float32, np.bool_, None, FL | M | P))
-    # Coalesced loads through shared memory, and steps kept there: in both drivers and
-    # with the fast look-back.
-    CL, SH = kern.OPT_CLOAD, kern.OPT_SHSTEPS
-    for vname, vbit in (("cload", CL), ("shared", SH)):
-        for kname, kind, fwd in kinds:
-            for mname, mode in modes:
-                out.append((f"{kname}-{mname}-{vname}-float32<-float32",
-                            kind, mode, fwd, np.float32, np.float32, np.bool_, None, vbit))
-            out.append((f"{kname}-lookback-fast+{vname}-float32<-float16",
-                        kind, kern.MODE_LOOKBACK, fwd, np.float32, np.float16, np.bool_, None, FL | vbit))
-    out.append(("gae-lookback-fast+cload-float32<-float32", kern.GAE_V, kern.MODE_LOOKBACK, False,
-                np.float32, np.float32, np.bool_, None, FL | CL))
-    out.append(("gae-rows-cload-float64<-float64", kern.GAE_V, kern.MODE_ROWS, False,
-                np.float64, np.float64, np.bool_, None, CL))
-    out.append(("gae-lookback-cload-float32<-float32-mask+packed", kern.GAE_V, kern.MODE_LOOKBACK, False,
-                np.float32, np.float32, np.bool_, None, CL | M | P))
-    # Steps kept in shared memory: f64, masks (masked GAE: five-number maps formed again
-    # in emit) and packed rows.
-    out.append(("gae-lookback-shared-float64<-float64", kern.GAE_V, kern.MODE_LOOKBACK, False,
-                np.float64, np.float64, np.bool_, None, SH))
-    out.append(("returns-lookback-shared-float32<-float32-mask", kern.RET, kern.MODE_LOOKBACK, False,
-                np.float32, np.float32, np.bool_, None, SH | M))
-    out.append(("gae_next-rows-shared-float32<-float32-mask", kern.GAE_NEXT, kern.MODE_ROWS, False,
-                np.float32, np.float32, np.bool_, None, SH | M))
-    for mname, mode in modes:
-        out.append((f"gae-{mname}-shared-float32<-float32-mask", kern.GAE_V, mode, False,
-                    np.float32, np.float32, np.bool_, None, SH | M))
-        out.append((f"gae-{mname}-shared-float32<-float32-mask+packed", kern.GAE_V, mode, False,
-                    np.float32, np.float32, np.bool_, None, SH | M | P))
-    out.append(("gae-lookback-fast+shared-float32<-float32-packed", kern.GAE_V, kern.MODE_LOOKBACK, False,
-                np.float32, np.float32, np.bool_, None, SH | FL | P))
-    out.append(("returns-lookback-fast+shared-float32<-float32-mask+packed", kern.RET, kern.MODE_LOOKBACK,
-                False, np.float32, np.float32, np.bool_, None, SH | FL | M | P))
     # 16-byte loads and stores (float32: v4, float64: v2) with the features that change
     # their code: forward time, next values, masks and packed rows, the prefetch, the
     # fast look-back.  (The backend's default kernels for GAE with dones are checked by
@@ -420,49 +382,6 @@ def _resources(info: str) -> tuple[int, int, int]:
     smem = max((int(x) for x in re.findall(r"(\d+) bytes smem", info)), default=0)
     spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", info))
     return regs, smem, spills
-
-
-@pytest.mark.parametrize("k", [8, 16])
-def test_shared_steps_free_registers_for_more_blocks(toolchain, k):
-    # What the "shared_steps" tunable is for: without the K staged steps held in
-    # registers across the block scan and the look-back, more blocks fit an SM
-    # (the look-back is latency-bound: blocks in flight are the bytes in flight),
-    # at K=16 too.
-    from gaescan.bench.gpu_check import blocks_per_sm
-    from gaescan.kernels import cuda as kern
-
-    cc = CCS[-1]
-    sig = _sig(kern.GAE_V, np.float32, np.float32, np.bool_)
-    blocks = {}
-    for name, ct, kk in (("default", 0, 8), ("shared", kern.OPT_SHSTEPS, k),
-                         ("fast+shared", kern.OPT_SHSTEPS | kern.OPT_FASTLB, k)):
-        _, info = _report(_kernel(kern.GAE_V, kern.MODE_LOOKBACK, False, np.float32, 128, kk, ct), sig, cc)
-        regs, smem, _ = _resources(info)
-        blocks[name] = blocks_per_sm(regs, smem, 128)
-        print(f"sm_90  gae-lookback-float32 {name} K={kk}: regs {regs}, {blocks[name]} blocks of 128 per SM")
-    assert blocks["shared"] >= 6 and blocks["fast+shared"] >= 6
-    assert blocks["shared"] > blocks["default"]
-
-
-@pytest.mark.parametrize("layout", ["A", "C"])
-def test_shared_steps_fit_eight_blocks_without_spills(toolchain, layout):
-    # gpu-check sweeps shared steps with min_blocks_per_sm=8: ptxas must fit them in
-    # 64 registers without spilling (the default kernel spills 612 B at that bound).
-    import inspect
-
-    from gaescan.kernels import cuda as kern
-
-    if "launch_bounds" not in inspect.signature(cuda.compile_ptx).parameters:
-        pytest.skip("this numba.cuda has no launch bounds (numba-cuda, the cuda12/cuda13 extra, has)")
-    cc = CCS[-1]
-    for ct in (kern.OPT_SHSTEPS, kern.OPT_SHSTEPS | kern.OPT_FASTLB):
-        build = _kernel(kern.GAE_V, kern.MODE_LOOKBACK, False, np.float32, 128, 8, ct)
-        sig = _sig(kern.GAE_V, np.float32, np.float32, np.bool_, layout=layout)
-        _, info = _report(build, sig, cc, launch_bounds=(128, 8))
-        regs, _, spills = _resources(info)
-        print(f"sm_90  gae-lookback-float32 shared steps (opts {ct}) [{layout}] launch_bounds(128, 8): "
-              f"regs {regs}, spill stores {spills} B")
-        assert regs <= 64 and spills == 0
 
 
 @pytest.mark.parametrize("min_blocks", [6, 8])

@@ -88,20 +88,9 @@ TUNABLES: dict[str, Any] = {
     # publishing needs no memory fence, and one warp polls 32 tiles per round.  Off,
     # every look-back takes the general one (a flag word, a fence, a record).
     "fast_lookback": True,
-    # Experimental (gpu-check compares both): warps read rewards and values coalesced
-    # (consecutive lanes at consecutive steps) into shared memory, and threads take
-    # their K consecutive steps from there, mirroring the stores; not with "prefetch"
-    # (a shared-memory store waits for its load, so nothing stays in flight).
-    "coalesced_loads": False,
-    # Experimental (gpu-check compares both): a tile's steps stay in shared memory from
-    # the coalesced loads to the stores instead of K per-thread registers each (which
-    # are held across the block scan and the look-back, and limit the blocks per SM).
-    # Implies the coalesced loads; not with "prefetch" (then the prefetch is used).
-    "shared_steps": False,
     # Read each thread's steps and write the staged outputs with 16-byte accesses
     # (ld.global.nc.v4.f32 / st.global.v4.f32; v2.f64 for float64) where the layout
-    # allows: see vector_ok.  The same bits as the element accesses.  Not with
-    # "coalesced_loads" or "shared_steps" (those read through shared memory instead).
+    # allows: see vector_ok.  The same bits as the element accesses.
     "vector_access": True,
     # Experimental (GPU, CuPy; gpu-check compares it): pack the kernel's parameters
     # into one buffer in Python and launch through the CUDA driver (cuLaunchKernel via
@@ -358,12 +347,7 @@ class _Launch:
                 and not (kind == kern.GAE_V and opts & kern.OPT_MASK) and get("fast_lookback"))
         if fast:
             opts |= kern.OPT_FASTLB
-        if get("shared_steps") and not opts & kern.OPT_PREFETCH:
-            opts |= kern.OPT_SHSTEPS
-        elif (get("coalesced_loads") and not opts & kern.OPT_PREFETCH
-                and kern.stages_inputs(opts, kind, RW, TW)):
-            opts |= kern.OPT_CLOAD
-        if vector and not opts & (kern.OPT_CLOAD | kern.OPT_SHSTEPS) and vector_steps(self.dtype, self.T, K):
+        if vector and vector_steps(self.dtype, self.T, K):
             opts |= kern.OPT_VECTOR
         return RW, TW, K, mode, nchunks, opts, fast
 
@@ -624,8 +608,7 @@ def _device_view(x: Any) -> Any:
 
 #: The compile-time option bits by the name of the tunable (or input) that sets them.
 OPTION_NAMES = {kern.OPT_MASK: "mask", kern.OPT_PACKED: "packed", kern.OPT_PREFETCH: "prefetch",
-                kern.OPT_FASTLB: "fast_lookback", kern.OPT_CLOAD: "coalesced_loads",
-                kern.OPT_SHSTEPS: "shared_steps", kern.OPT_VECTOR: "vector_access"}
+                kern.OPT_FASTLB: "fast_lookback", kern.OPT_VECTOR: "vector_access"}
 
 
 def plan(R: int, T: int, dtype: Any = np.float32, time_major: bool = False, packed: bool = False,

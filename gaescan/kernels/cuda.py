@@ -60,9 +60,8 @@ Two drivers share the tile code:
   floating-point operations however far the look-back went: results are
   bit-identical run after run (the look-back only changes who does the work).
 
-Five compile-time variants (tunables ``prefetch``, ``fast_lookback``,
-``coalesced_loads``, ``shared_steps`` and ``vector_access`` of the backend; all
-give the default kernels' bits):
+Three compile-time variants (tunables ``prefetch``, ``fast_lookback`` and
+``vector_access`` of the backend; all give the default kernels' bits):
 
 * ``OPT_PREFETCH`` — in ``MODE_ROWS`` a thread issues the loads of its steps
   in the *next* tile before this tile's scan, so the block's loads are in
@@ -76,29 +75,12 @@ give the default kernels' bits):
   (``ballot_sync``), backs off (``nanosleep``) after a round that finds
   nothing new, and hands the maps out with ``shfl_sync``, with one block
   barrier after the look-back instead of several per round.
-* ``OPT_CLOAD`` — the loads mirror the stores: a thread's ``K`` consecutive
-  steps make each of its float load instructions touch a different 32-byte
-  sector from its neighbour's (a warp instruction reads 32 sectors for 128
-  bytes and leans on L1 to catch the rest).  Instead, the ``yw`` time-threads
-  of a row in a warp read their ``yw*K`` steps of rewards and values (or the
-  scan's coefficients) together, consecutive lanes at consecutive steps, into
-  the output staging buffers (cast to the compute dtype), and each thread then
-  takes its ``K`` steps from there.  Flags (bytes) and next values are read
-  as the default loads read them.  No extra shared memory.
-* ``OPT_SHSTEPS`` — the steps stay in those staging buffers from the loads to
-  the stores: a thread folds its ``K`` steps from shared memory (each step's
-  constant replaces its reward there), and :func:`emit` forms each step again
-  from the buffers and the flags, so no per-step arrays are held in registers
-  across the block scan and the look-back (fewer registers, so more blocks per
-  SM: ``tests/test_ptx.py`` checks that).  Packed rows walk their segments
-  again in emit; every warp layout stages.
 * ``OPT_VECTOR`` — 16-byte accesses (:mod:`gaescan.kernels.cuda_vector`;
   ``VW`` = 4 float32 or 2 float64 elements): :func:`load` reads a thread's ``K``
   steps of rewards, values and next values ``VW`` at a time with
   ``ld.global.nc`` vector loads into per-thread arrays, and :func:`emit` stores
   the staged outputs ``VW`` consecutive steps per lane with ``st.global``
-  vector stores.  Both drivers (the prefetch too); not with ``OPT_CLOAD`` or
-  ``OPT_SHSTEPS``, which read through shared memory.  Valid only where every
+  vector stores.  Both drivers (the prefetch too).  Valid only where every
   array's rows start on 16-byte boundaries, are contiguous along time and
   hold the compute dtype, and ``T`` and ``K`` are multiples of ``VW``: the
   backend checks that on the host (``vector_ok``, ``vector_steps``).  Flags,
@@ -151,7 +133,6 @@ from .cuda_spec import (  # noqa: F401 - the kernels' constants, re-exported for
     MAP_SLOTS,
     MODE_LOOKBACK,
     MODE_ROWS,
-    OPT_CLOAD,
     OPT_FASTLB,
     OPT_GARR,
     OPT_LAARR,
@@ -160,7 +141,6 @@ from .cuda_spec import (  # noqa: F401 - the kernels' constants, re-exported for
     OPT_MASK,
     OPT_PACKED,
     OPT_PREFETCH,
-    OPT_SHSTEPS,
     OPT_TERM,
     OPT_TRUNC,
     OPT_UNPUBLISHED,
@@ -168,7 +148,6 @@ from .cuda_spec import (  # noqa: F401 - the kernels' constants, re-exported for
     RET,
     SCAN,
     KernelSpec,
-    unstaged_bits,
 )
 from .cuda_tile import build_tile
 
@@ -180,22 +159,6 @@ if SIMULATOR:
     from . import _cudasim
 
     _cudasim.install()
-
-
-def stages_inputs(opts: int, kind: int, rw: int, tw: int) -> bool:
-    """Whether a kernel compiled with ``OPT_CLOAD`` stages this launch's inputs.
-
-    Only where a warp holds several time-threads of a row (``warp_ys > 1``: not
-    time-major blocks, whose loads are coalesced across rows already) and no
-    per-step λ array, nor per-step γ array outside the linear scan (where it is
-    ``a``), is read: those would need staging buffers of their own.  The kernel
-    applies the same test; the backend uses this one to set the bit only where
-    it changes the code that runs.
-    """
-    yw = 32 // rw if 32 % rw == 0 else 1
-    if min(yw, tw) <= 1:
-        return False
-    return not opts & unstaged_bits(kind)
 
 
 def group_record(itemsize: int, rw: int) -> tuple[int, int]:

@@ -97,7 +97,7 @@ def build_lookback(spec: KernelSpec, maps: SimpleNamespace, tile_fns: SimpleName
     TB2_LEN = spec.tb2_len
     FASTLB = spec.fastlb
     apply, read_map, write_map, start_state = maps.apply, maps.read_map, maps.write_map, maps.start_state
-    span, stage, thread_map, emit = tile_fns.span, tile_fns.stage, tile_fns.thread_map, tile_fns.emit
+    span, thread_map, emit = tile_fns.span, tile_fns.thread_map, tile_fns.emit
     block_suffix_scan, warp_ys, warp_mask = tile_fns.block_suffix_scan, tile_fns.warp_ys, tile_fns.warp_mask
 
     @cuda.jit(device=True)
@@ -270,10 +270,8 @@ def build_lookback(spec: KernelSpec, maps: SimpleNamespace, tile_fns: SimpleName
         live = row < R
         rr = row if live else 0
         u0, u1 = span(ti, y, tile, T)
-        stg, sb, nxt = stage(rr, live, x, y, RW, yw, wmask, ti * tile, T, opts, r, v, g, sh_tb1, sh_tb2)
         ma, mb, mc, mh, mf = thread_map(rr, live, u0, u1, T, opts, r, v, nv, term, trunc, mask,
-                                        g, lm, g_s, l_s, lv, lv_s, cu, nseg,
-                                        st, stg, sb, nxt, sh_tb1, sh_tb2)
+                                        g, lm, g_s, l_s, lv, lv_s, cu, nseg, st)
         block_suffix_scan(sh, sh_agg, x, y, RW, TW, yw, wmask, ma, mb, mc, mh, mf)
         skip = (opts & OPT_UNPUBLISHED) != 0 and c_rev % 16 != 0
         if FASTLB:
@@ -417,8 +415,7 @@ def build_lookback(spec: KernelSpec, maps: SimpleNamespace, tile_fns: SimpleName
             if y + 1 < TW:
                 xa, xb, xc, xh, xf = read_map(sh, (y + 1) * RW + x)
                 A, Vn = apply(xa, xb, xc, xh, xf, A, Vn)
-        emit(rr, live, x, y, RW, yw, wmask, ti * tile, u0, u1, T, st, A, Vn, out1, out2, sh_tb1, sh_tb2,
-             opts, v, nv, term, trunc, mask, g, lm, g_s, l_s, lv, lv_s, cu, nseg)
+        emit(rr, live, x, y, RW, yw, wmask, ti * tile, u0, u1, T, st, A, Vn, out1, out2, sh_tb1, sh_tb2)
 
     if parts is not None:
         parts.update(fast_lookback=fast_lookback, lb_pack=lb_pack, lb_word=lb_word, apply=apply)

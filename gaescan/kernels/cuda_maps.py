@@ -8,12 +8,11 @@ that form, compose and apply those maps:
 
 * ``compose(M1, M2)`` (``M1`` earlier in time, applied after ``M2``) and
   ``apply(M, A, Vn)``; ``identity_map`` (a masked step or a row past ``R``),
-  ``reset_map`` and ``restart_map`` (the constant map of a segment end);
+  ``reset_map`` (the constant map of a segment end);
 * ``elem``: the map of one step from the inputs at ``[row, t]`` (or from the
-  staging buffers), ``phys``: logical step to physical time;
-* packed rows: ``seg_bound`` (an offset of ``cu`` clamped to ``[0, T]``),
-  ``find_seg`` (the segment holding a step, by binary search), ``seg_at`` and
-  ``seg_down`` (the walk from a later step's segment down to an earlier step's);
+  vector-loaded per-thread arrays), ``phys``: logical step to physical time;
+* packed rows: ``seg_bound`` (an offset of ``cu`` clamped to ``[0, T]``) and
+  ``find_seg`` (the segment holding a step, by binary search);
 * boundary values: ``boundary`` (the value past a row or segment),
   ``carry_in`` (the advantage past it), ``start_state`` (the state entering a
   row's last tile);
@@ -147,10 +146,9 @@ def build_maps(spec: KernelSpec) -> SimpleNamespace:
         return CAST(0)
 
     @cuda.jit(device=True)
-    def elem(row, t, srow, st, opts, r, v, nv, term, trunc, mask, g, gs, lm, g_s, l_s, ns):
-        # r and v at [srow, st] (staged in shared memory by stage, vector-loaded by
-        # load, or the arrays' [row, t]), g there too if gs (the scan's staged a),
-        # next values there too if ns (vector-loaded), else at [row, t]; lambdas
+    def elem(row, t, srow, st, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s, ns):
+        # r and v at [srow, st] (vector-loaded by load, or the arrays' [row, t]),
+        # next values there too if ns (vector-loaded), else at [row, t]; g, lambdas
         # and flags always at [row, t].
         zero = CAST(0)
         one = CAST(1)
@@ -159,7 +157,7 @@ def build_maps(spec: KernelSpec) -> SimpleNamespace:
                 return False, one, zero, zero, zero
         gt = g_s
         if opts & OPT_GARR:
-            gt = CAST(g[srow, st]) if gs else CAST(g[row, t])
+            gt = CAST(g[row, t])
         tm = False
         tr = False
         if KIND != SCAN:
@@ -195,45 +193,6 @@ def build_maps(spec: KernelSpec) -> SimpleNamespace:
             else:
                 hi = mid
         return lo - 1
-
-    @cuda.jit(device=True)
-    def seg_at(cu, nseg, u, T):
-        # OPT_SHSTEPS, packed rows: the segment holding step u and its bounds (s = -1: none).
-        s = -1
-        lo = 0
-        hi = 0
-        if PACKED:
-            s = find_seg(cu, nseg, u, T)
-            if s >= 0:
-                lo = seg_bound(cu, s, T)
-                hi = seg_bound(cu, s + 1, T)
-        return s, lo, hi
-
-    @cuda.jit(device=True)
-    def seg_down(cu, nseg, u, T, s, lo, hi):
-        """``(inside, restart, s, lo, hi)`` at step u, walking down from the segment
-        of a later step (load's walk up, mirrored: steps are visited latest first).
-
-        ``inside``: u is in non-empty segment s; ``restart``: u is its last step.
-        Without packed rows every step is inside and none restarts.
-        """
-        if not PACKED:
-            return True, False, s, lo, hi
-        while s >= 0 and u < lo:
-            s -= 1
-            if s >= 0:
-                lo = seg_bound(cu, s, T)
-                hi = seg_bound(cu, s + 1, T)
-        inside = s >= 0 and lo <= u and u < hi
-        return inside, inside and u == hi - 1, s, lo, hi
-
-    @cuda.jit(device=True)
-    def restart_map(lv, lv_s, opts, s, nseg):
-        # The map of segment s's end (see load's rv, rq and reset_map).
-        rq = CAST(0)
-        if KIND == GAE_V or KIND == GAE_NEXT:
-            rq = carry_in(lv, opts, s, nseg)
-        return reset_map(boundary(lv, lv_s, opts, s), rq)
 
     @cuda.jit(device=True)
     def start_state(lv, lv_s, opts, row, nseg):
@@ -278,7 +237,6 @@ def build_maps(spec: KernelSpec) -> SimpleNamespace:
         return oa, ob, oc, oh, of
 
     return SimpleNamespace(
-        compose=compose, apply=apply, identity_map=identity_map, reset_map=reset_map,
-        restart_map=restart_map, phys=phys, seg_bound=seg_bound, boundary=boundary, carry_in=carry_in,
-        elem=elem, find_seg=find_seg, seg_at=seg_at, seg_down=seg_down, start_state=start_state,
-        write_map=write_map, read_map=read_map, shfl_map=shfl_map)
+        compose=compose, apply=apply, identity_map=identity_map, reset_map=reset_map, phys=phys,
+        seg_bound=seg_bound, boundary=boundary, carry_in=carry_in, elem=elem, find_seg=find_seg,
+        start_state=start_state, write_map=write_map, read_map=read_map, shfl_map=shfl_map)

@@ -51,7 +51,7 @@ def build_rows(spec: KernelSpec, maps: SimpleNamespace, tile_fns: SimpleNamespac
     TB2_LEN = spec.tb2_len
     PREFETCH = spec.prefetch
     apply, read_map, identity_map, start_state = maps.apply, maps.read_map, maps.identity_map, maps.start_state
-    span, load, fold, stage = tile_fns.span, tile_fns.load, tile_fns.fold, tile_fns.stage
+    span, load, fold = tile_fns.span, tile_fns.load, tile_fns.fold
     thread_map, emit, block_suffix_scan = tile_fns.thread_map, tile_fns.emit, tile_fns.block_suffix_scan
     warp_ys, warp_mask = tile_fns.warp_ys, tile_fns.warp_mask
 
@@ -96,7 +96,7 @@ def build_rows(spec: KernelSpec, maps: SimpleNamespace, tile_fns: SimpleNamespac
         if PREFETCH and live:
             u0, u1 = span(ti, y, tile, T)
             load(rr, u0, u1, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-                 lv, lv_s, cu, nseg, pst, False, 0, False, sh_tb1, sh_tb2)
+                 lv, lv_s, cu, nseg, pst)
         while ti >= 0:
             u0, u1 = span(ti, y, tile, T)
             if PREFETCH:
@@ -114,17 +114,14 @@ def build_rows(spec: KernelSpec, maps: SimpleNamespace, tile_fns: SimpleNamespac
                     # only where its value is used, so they overlap this tile.
                     n0, n1 = span(ti - 1, y, tile, T)
                     load(rr, n0, n1, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-                         lv, lv_s, cu, nseg, pst, False, 0, False, sh_tb1, sh_tb2)
+                         lv, lv_s, cu, nseg, pst)
                 if live:
                     ma, mb, mc, mh, mf = fold(st)
                 else:
                     ma, mb, mc, mh, mf = identity_map()
             else:
-                stg, sb, nxt = stage(rr, live, x, y, RW, yw, wmask, ti * tile, T, opts, r, v, g,
-                                     sh_tb1, sh_tb2)
                 ma, mb, mc, mh, mf = thread_map(rr, live, u0, u1, T, opts, r, v, nv, term, trunc, mask,
-                                                g, lm, g_s, l_s, lv, lv_s, cu, nseg, st, stg, sb, nxt,
-                                                sh_tb1, sh_tb2)
+                                                g, lm, g_s, l_s, lv, lv_s, cu, nseg, st)
             block_suffix_scan(sh, sh_agg, x, y, RW, TW, yw, wmask, ma, mb, mc, mh, mf)
             if y + 1 < TW:
                 xa, xb, xc, xh, xf = read_map(sh, (y + 1) * RW + x)
@@ -133,8 +130,7 @@ def build_rows(spec: KernelSpec, maps: SimpleNamespace, tile_fns: SimpleNamespac
                 cA, cV = A, Vn
             ta, tb, tc, th, tf = read_map(sh, x)
             A, Vn = apply(ta, tb, tc, th, tf, A, Vn)
-            emit(rr, live, x, y, RW, yw, wmask, ti * tile, u0, u1, T, st, cA, cV, out1, out2, sh_tb1, sh_tb2,
-                 opts, v, nv, term, trunc, mask, g, lm, g_s, l_s, lv, lv_s, cu, nseg)
+            emit(rr, live, x, y, RW, yw, wmask, ti * tile, u0, u1, T, st, cA, cV, out1, out2, sh_tb1, sh_tb2)
             ti -= 1
 
     return kernel

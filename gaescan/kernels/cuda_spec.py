@@ -38,15 +38,12 @@ OPT_LVARR = 32
 OPT_PACKED = 64
 OPT_UNPUBLISHED = 128  # test hook: most tiles never publish their state (longer look-backs)
 OPT_LAARR = 256  # GAE: lv[nseg + s] holds last_advantage (A past sequence s), else 0
-# Compile-time variants (tunables "prefetch", "fast_lookback", "coalesced_loads", "shared_steps";
-# see the backend).
+# Compile-time variants (tunables "prefetch", "fast_lookback", "vector_access"; see the backend).
 OPT_PREFETCH = 512  # MODE_ROWS: the next tile's loads are issued before this tile is scanned
 OPT_FASTLB = 1024  # MODE_LOOKBACK, float32, (alpha, c) maps, one row per block: fence-free words
-OPT_CLOAD = 2048  # not with OPT_PREFETCH: the warp loads its steps coalesced, through shared memory
-OPT_SHSTEPS = 4096  # not with OPT_PREFETCH: a tile's steps stay in shared memory, not registers
-OPT_VECTOR = 8192  # not with OPT_CLOAD / OPT_SHSTEPS: 16-byte loads and stores (see vector_ok in the backend)
+OPT_VECTOR = 8192  # 16-byte loads and stores (see vector_ok in the backend)
 #: The option bits that select a compiled kernel (the others are runtime switches).
-CT_BITS = OPT_MASK | OPT_PACKED | OPT_PREFETCH | OPT_FASTLB | OPT_CLOAD | OPT_SHSTEPS | OPT_VECTOR
+CT_BITS = OPT_MASK | OPT_PACKED | OPT_PREFETCH | OPT_FASTLB | OPT_VECTOR
 
 FLAG_AGG = 1
 FLAG_INCL = 2
@@ -54,11 +51,6 @@ FLAG_INCL = 2
 BACKOFF_MIN_NS = 32
 BACKOFF_MAX_NS = 1024
 MAP_SLOTS = 8  # elements per row in a record's map section (5 used)
-
-
-def unstaged_bits(kind: int) -> int:
-    """Per-step inputs with no staging buffer: λ arrays, and γ arrays outside the linear scan."""
-    return OPT_LARR | (0 if kind == SCAN else OPT_GARR)
 
 
 @dataclass(frozen=True)
@@ -85,9 +77,8 @@ class KernelSpec:
     Raises
     ------
     ValueError
-        For the fast look-back of anything but float32 ``(alpha, c)`` maps, for
-        shared-memory steps with the prefetch, and for 16-byte accesses with
-        staged loads or a ``k`` that is not a multiple of :attr:`vw`.
+        For the fast look-back of anything but float32 ``(alpha, c)`` maps, and
+        for 16-byte accesses with a ``k`` that is not a multiple of :attr:`vw`.
     """
 
     kind: int
@@ -107,14 +98,9 @@ class KernelSpec:
         if self.fastlb and (self.use_v or self.dtype != np.float32):
             raise ValueError("the fast look-back packs a float32 and a flag in one 64-bit word: "
                              "float32 outputs and (alpha, c) maps only (not masked GAE)")
-        if self.shsteps and self.prefetch:
-            # The prefetch holds the next tile's steps in registers, in flight: the backend
-            # sets at most one of the two.
-            raise ValueError("shared-memory steps and prefetching exclude each other")
-        if self.vector and (self.cload or self.k % self.vw):
+        if self.vector and self.k % self.vw:
             raise ValueError(f"16-byte accesses read a thread's steps {self.vw} at a time from the arrays: "
-                             f"they need K={self.k} to be a multiple of {self.vw}, and no staged "
-                             "(coalesced or shared-memory) loads")
+                             f"they need K={self.k} to be a multiple of {self.vw}")
 
     @property
     def masked(self) -> bool:
@@ -163,7 +149,7 @@ class KernelSpec:
 
     @property
     def gae(self) -> bool:
-        """GAE (either kind): two outputs, and values staged with the rewards."""
+        """GAE (either kind): two outputs, and a value input."""
         return self.kind in (GAE_V, GAE_NEXT)
 
     @property
@@ -182,16 +168,6 @@ class KernelSpec:
         return bool(self.ct & OPT_FASTLB) and self.lookback
 
     @property
-    def shsteps(self) -> bool:
-        """``OPT_SHSTEPS``: steps kept in shared memory (see fold_shared), always staged."""
-        return bool(self.ct & OPT_SHSTEPS)
-
-    @property
-    def cload(self) -> bool:
-        """Coalesced loads (see stage): the float inputs pass through the output buffers."""
-        return (bool(self.ct & OPT_CLOAD) and not self.prefetch) or self.shsteps
-
-    @property
     def vector(self) -> bool:
         """``OPT_VECTOR``: 16-byte loads of a thread's steps and stores of the staged outputs."""
         return bool(self.ct & OPT_VECTOR)
@@ -207,19 +183,11 @@ class KernelSpec:
         return self.k if self.vector else 1
 
     @property
-    def nostage(self) -> int:
-        """Runtime bits whose inputs keep ``OPT_CLOAD`` from staging (see ``stages_inputs``)."""
-        return 0 if self.shsteps else unstaged_bits(self.kind)
-
-    @property
     def tb_len(self) -> int:
-        """Output staging for coalesced stores (see emit): ``nsh*k`` slots plus padding.
-
-        The buffers are 2-D (one row) so that elem reads staged inputs as it reads the arrays.
-        """
+        """Output staging for coalesced stores (see emit): ``nsh*k`` slots plus padding (2-D, one row)."""
         return self.nsh * self.k + (self.nsh * self.k) // 32 + 1
 
     @property
     def tb2_len(self) -> int:
-        """The second staging buffer: values or second outputs (GAE), the scan's staged ``a``."""
-        return self.tb_len if self.gae or (self.cload and self.kind == SCAN) else 1
+        """The second staging buffer: the second outputs (GAE)."""
+        return self.tb_len if self.gae else 1

@@ -9,20 +9,16 @@ drivers run per tile:
 
 1. ``thread_map``: the map of a thread's ``K`` steps.  ``load`` forms each
    step's map into per-thread arrays (with ``OPT_VECTOR`` from 16-byte loads,
-   ``vec_put``), ``fold`` composes them, latest step first; with
-   ``OPT_SHSTEPS``, ``fold_shared`` forms and composes them from the staging
-   buffers instead (``shared_elem``), holding no per-step arrays.  ``stage``
-   (``OPT_CLOAD``, ``OPT_SHSTEPS``) first reads a warp's steps coalesced into
-   those buffers (slot ``spos(i)``).
+   ``vec_put``), ``fold`` composes them, latest step first.
 2. ``block_suffix_scan``: a suffix scan over ``y`` of the threads' maps, warp
    shuffles inside a warp (``warp_ys`` time-threads of a row per warp, lanes
    ``warp_mask``), then the warps' aggregates through shared memory.
 3. ``emit``: each thread re-runs its ``K`` steps concretely from the state
-   entering them and writes the outputs, through the staging buffers where a
-   warp holds several time-threads of a row, so that the stores are coalesced
-   (with ``OPT_VECTOR`` as 16-byte stores, ``vec_get``).
+   entering them and writes the outputs, through the staging buffers (slot
+   ``spos(i)``) where a warp holds several time-threads of a row, so that the
+   stores are coalesced (with ``OPT_VECTOR`` as 16-byte stores, ``vec_get``).
 
-Every lane of a warp must call ``stage``, ``block_suffix_scan`` and ``emit``.
+Every lane of a warp must call ``block_suffix_scan`` and ``emit``.
 """
 
 from __future__ import annotations
@@ -33,7 +29,7 @@ from types import SimpleNamespace
 import numpy as np
 from numba import cuda
 
-from .cuda_spec import GAE_NEXT, GAE_V, OPT_GARR, SCAN, KernelSpec
+from .cuda_spec import GAE_NEXT, GAE_V, KernelSpec
 from .cuda_vector import ldg_vec, stg_vec
 
 Steps = namedtuple("Steps", "ok ea eb ec ev rs rv rq")
@@ -66,19 +62,15 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
     CAST = spec.cast
     NBT = spec.nbt
     PACKED = spec.packed
-    USE_V = spec.use_v
     DIRECT_V = spec.direct_v
     GAE = spec.gae
-    SHSTEPS = spec.shsteps
-    CLOAD = spec.cload
     VECTOR = spec.vector
     VW = spec.vw
     VK = spec.vk
-    NOSTAGE = spec.nostage
     compose, apply = maps.compose, maps.apply
-    identity_map, reset_map, restart_map = maps.identity_map, maps.reset_map, maps.restart_map
+    identity_map, reset_map = maps.identity_map, maps.reset_map
     phys, elem, boundary, carry_in = maps.phys, maps.elem, maps.boundary, maps.carry_in
-    seg_bound, find_seg, seg_at, seg_down = maps.seg_bound, maps.find_seg, maps.seg_at, maps.seg_down
+    seg_bound, find_seg = maps.seg_bound, maps.find_seg
     write_map, read_map, shfl_map = maps.write_map, maps.read_map, maps.shfl_map
 
 
@@ -127,15 +119,13 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
 
     @cuda.jit(device=True)
     def load(row, u_lo, u_hi, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-             lv, lv_s, cu, nseg, steps, stg, sb, nxt, tb1, tb2):
+             lv, lv_s, cu, nseg, steps):
         """Stage the maps of steps u_lo .. u_lo+K-1 (those < u_hi) in per-thread arrays.
 
         K is a compile-time constant, so the loop unrolls and the arrays live in
         registers; the loads of all K steps are independent of the scan chain and
         are issued back to back.  ``rs[j]``: the state restarts (segment end)
-        before step j is applied; ``rv[j]`` is the restart value.  With ``stg``
-        the float inputs come from the buffers :func:`stage` filled (step j at
-        slot ``spos(sb + j)``; ``nxt``: the step after the last one is staged too).
+        before step j is applied; ``rv[j]`` is the restart value.
         With ``OPT_VECTOR`` the float inputs of the ``K`` steps (rewards, values,
         next values) are read ``VW`` at a time with 16-byte loads into per-thread
         arrays first (the backend checked the layout: ``T``, ``K`` and each
@@ -198,16 +188,12 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
                             rq[j] = carry_in(lv, opts, s, nseg)
                 if inside:
                     t = phys(u, T)
-                    if CLOAD and stg:  # CLOAD first: without it the branch is not compiled
-                        # r in tb1; v (GAE) or a (scan) in tb2.
-                        valid, a_, b_, c_, v_ = elem(row, t, 0, spos(sb + j), opts, tb1, tb2, nv, term,
-                                                     trunc, mask, tb2, True, lm, g_s, l_s, False)
-                    elif VECTOR:
+                    if VECTOR:
                         valid, a_, b_, c_, v_ = elem(row, t, 0, j, opts, xr, xv, xn, term, trunc, mask,
-                                                     g, False, lm, g_s, l_s, KIND == GAE_NEXT)
+                                                     g, lm, g_s, l_s, KIND == GAE_NEXT)
                     else:
                         valid, a_, b_, c_, v_ = elem(row, t, row, t, opts, r, v, nv, term, trunc, mask,
-                                                     g, False, lm, g_s, l_s, False)
+                                                     g, lm, g_s, l_s, False)
                     ok[j] = valid
                     ea[j] = a_
                     eb[j] = b_
@@ -227,8 +213,6 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
                         vn = boundary(lv, lv_s, opts, row)
                     elif j + 1 < K:
                         vn = ev[j + 1]
-                    elif CLOAD and stg and nxt:
-                        vn = tb2[0, spos(sb + K)]
                     else:
                         vn = CAST(v[row, phys(u + 1, T)])
                     ec[j] = cuda.fma(eb[j], vn, ec[j])
@@ -248,119 +232,18 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
         return ma, mb, mc, mh, mf
 
     @cuda.jit(device=True)
-    def shared_elem(row, t, slot, opts, v, nv, term, trunc, mask, g, lm, g_s, l_s, tb1, tb2):
-        # elem of a staged step (OPT_SHSTEPS): r in tb1, v (GAE) or a (scan) in tb2.
-        if KIND == SCAN:
-            return elem(row, t, 0, slot, opts, tb1, tb2, nv, term, trunc, mask, tb2, True, lm, g_s, l_s,
-                        False)
-        return elem(row, t, 0, slot, opts, tb1, tb2, nv, term, trunc, mask, g, False, lm, g_s, l_s, False)
-
-    @cuda.jit(device=True)
-    def fold_shared(row, u_lo, u_hi, T, opts, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-                    lv, lv_s, cu, nseg, sb, nxt, tb1, tb2):
-        """``OPT_SHSTEPS``: :func:`load` and :func:`fold` without the per-thread arrays.
-
-        The steps' inputs are staged by :func:`stage` (step j at slot
-        ``spos(sb + j)``).  Each step's map is composed as it is formed, latest
-        step first.  With (alpha, c) maps its constant ``c`` (δ needs the next
-        step's value, whose slot emit overwrites first) replaces the reward in
-        ``tb1``, and :func:`emit` takes ``c`` from there and forms ``alpha``
-        again from the flags; masked GAE's five-number maps are formed again
-        whole from the staged reward and value.  Nothing of the ``K`` steps
-        stays in registers across the block scan and the look-back (the
-        per-thread arrays' registers limit the blocks per SM).  The same
-        operations as load + fold, so the same bits.
-        """
-        zero = CAST(0)
-        ma, mb, mc, mh, mf = identity_map()
-        s, seg_lo, seg_hi = seg_at(cu, nseg, u_hi - 1, T)
-        for jj in range(K):
-            j = K - 1 - jj
-            u = u_lo + j
-            if u < u_hi:
-                inside, restart, s, seg_lo, seg_hi = seg_down(cu, nseg, u, T, s, seg_lo, seg_hi)
-                if restart:
-                    ra, rb, rc, rh, rf = restart_map(lv, lv_s, opts, s, nseg)
-                    ma, mb, mc, mh, mf = compose(ra, rb, rc, rh, rf, ma, mb, mc, mh, mf)
-                valid = False
-                if inside:
-                    valid, a_, b_, c_, v_ = shared_elem(row, phys(u, T), spos(sb + j), opts, v, nv, term,
-                                                        trunc, mask, g, lm, g_s, l_s, tb1, tb2)
-                if valid and USE_V:
-                    ma, mb, mc, mh, mf = compose(a_, b_, c_, True, v_, ma, mb, mc, mh, mf)
-                elif valid:
-                    if DIRECT_V and b_ != zero:
-                        # V' as in load: the boundary value, the next staged value, or one more load.
-                        if PACKED and restart:
-                            vn = boundary(lv, lv_s, opts, s)
-                        elif u + 1 >= T:
-                            vn = boundary(lv, lv_s, opts, row)
-                        elif j + 1 < K:
-                            vn = tb2[0, spos(sb + j + 1)]
-                        elif nxt:
-                            vn = tb2[0, spos(sb + K)]
-                        else:
-                            vn = CAST(v[row, phys(u + 1, T)])
-                        c_ = cuda.fma(b_, vn, c_)
-                    tb1[0, spos(sb + j)] = c_
-                    ma, mb, mc, mh, mf = compose(a_, zero, c_, True, zero, ma, mb, mc, mh, mf)
-        return ma, mb, mc, mh, mf
-
-    @cuda.jit(device=True)
     def thread_map(row, live, u_lo, u_hi, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-                   lv, lv_s, cu, nseg, steps, stg, sb, nxt, tb1, tb2):
+                   lv, lv_s, cu, nseg, steps):
         # The map of this thread's steps of the tile (the identity for a row past R).
         if not live:
             return identity_map()
-        if SHSTEPS:
-            return fold_shared(row, u_lo, u_hi, T, opts, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-                               lv, lv_s, cu, nseg, sb, nxt, tb1, tb2)
         load(row, u_lo, u_hi, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-             lv, lv_s, cu, nseg, steps, stg, sb, nxt, tb1, tb2)
+             lv, lv_s, cu, nseg, steps)
         return fold(steps)
 
     @cuda.jit(device=True)
-    def stage(row, live, x, y, RW, yw, wmask, ut, T, opts, r, v, g, tb1, tb2):
-        """Coalesced loads of a tile's float inputs into shared memory (``OPT_CLOAD``, ``OPT_SHSTEPS``).
-
-        The ``yw`` time-threads of row ``x`` in a warp own ``yw*K`` consecutive
-        steps; they read them together, lane ``yl`` at steps ``yl, yl+yw, ...``
-        of the run, into the slots :func:`emit` uses for the stores: rewards in
-        ``tb1``, values (GAE) or the coefficients ``a`` (scan) in ``tb2``.  The
-        flags (bytes: a warp's load instruction spans 8 sectors, not 32) and next
-        values are read where they are.  Every lane of the warp must call this.
-        Returns ``(stg, sb, nxt)`` for :func:`load`: whether the inputs are
-        staged, the thread's first slot, and whether the step after its last
-        one is staged as well (it is a later lane's).
-        """
-        yl = y % yw
-        slot0 = ((y // yw) * RW + x) * (yw * K)
-        stg = SHSTEPS or (CLOAD and yw > 1 and (opts & NOSTAGE) == 0)
-        if stg:
-            # No syncwarp first: a lane writes exactly the slots it read itself at the
-            # end of the last tile's emit, and the slots are the warp's own.  (The
-            # step/slot arithmetic is emit's, written out inline: a shared helper costs
-            # the layout-"C" look-back registers, and with them a block per SM; test_ptx
-            # checks the blocks per SM.)
-            if live:
-                ug = ut + (y // yw) * (yw * K)  # first step of the yw threads' run
-                for i in range(K):
-                    e = i * yw + yl
-                    u = ug + e
-                    if u < T:
-                        t = phys(u, T)
-                        sl = spos(slot0 + e)
-                        tb1[0, sl] = CAST(r[row, t])
-                        if GAE:
-                            tb2[0, sl] = CAST(v[row, t])
-                        if KIND == SCAN and opts & OPT_GARR:
-                            tb2[0, sl] = CAST(g[row, t])
-            cuda.syncwarp(wmask)
-        return stg, slot0 + yl * K, yl + 1 < yw
-
-    @cuda.jit(device=True)
     def emit(row, live, x, y, RW, yw, wmask, ut, u_lo, u_hi, T, steps, A, Vn,
-             out1, out2, tb1, tb2, opts, v, nv, term, trunc, mask, g, lm, g_s, l_s, lv, lv_s, cu, nseg):
+             out1, out2, tb1, tb2):
         """Run the staged steps concretely from state (A, Vn) and write the outputs.
 
         Every lane of the warp must call this.  With ``yw > 1`` time-threads of a
@@ -368,10 +251,8 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
         values pass through shared memory (``tb1``, ``tb2``) and are stored
         ``yw`` consecutive steps at a time, so the global stores are coalesced
         (one thread's ``K`` consecutive steps would hit ``K`` different sectors
-        per store instruction).  With ``OPT_SHSTEPS`` the steps come from the
-        staging buffers (see :func:`fold_shared`), and each slot's input is read
-        before its output replaces it.  ``steps`` (:class:`Steps`) holds the
-        maps :func:`load` staged (unused with ``OPT_SHSTEPS``).
+        per store instruction).  ``steps`` (:class:`Steps`) holds the maps
+        :func:`load` staged.
         """
         ok, ea, eb, ec, ev, rs, rv, rq = steps
         zero = CAST(0)
@@ -379,11 +260,6 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
         yl = y % yw
         slot0 = ((y // yw) * RW + x) * (yw * K)  # this row's slots in the warp's part of tb
         if live:
-            s = -1
-            seg_lo = 0
-            seg_hi = 0
-            if SHSTEPS:
-                s, seg_lo, seg_hi = seg_at(cu, nseg, u_hi - 1, T)
             for jj in range(K):
                 j = K - 1 - jj
                 u = u_lo + j
@@ -391,34 +267,14 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
                     o1 = zero
                     o2 = zero
                     sl = spos(slot0 + yl * K + j)
-                    if SHSTEPS:
-                        inside, restart, s, seg_lo, seg_hi = seg_down(cu, nseg, u, T, s, seg_lo, seg_hi)
-                        if restart:
-                            ra, rb, rc, rh, rf = restart_map(lv, lv_s, opts, s, nseg)
-                            A, Vn = apply(ra, rb, rc, rh, rf, A, Vn)
-                        # (alpha, c): c is fold_shared's, alpha (and v) are formed again (the
-                        # reward's load is dead); masked GAE: the whole map is formed again.
-                        valid = False
-                        if inside:
-                            valid, a_, b_, c_, v_ = shared_elem(row, phys(u, T), sl, opts, v, nv, term,
-                                                                trunc, mask, g, lm, g_s, l_s, tb1, tb2)
-                        if valid:
-                            if USE_V:
-                                A, Vn = apply(a_, b_, c_, True, v_, A, Vn)
-                            else:
-                                A, Vn = apply(a_, zero, tb1[0, sl], False, zero, A, Vn)
-                            o1 = A
-                            if two:
-                                o2 = A + v_
-                    else:
-                        if rs[j]:
-                            ra, rb, rc, rh, rf = reset_map(rv[j], rq[j])
-                            A, Vn = apply(ra, rb, rc, rh, rf, A, Vn)
-                        if ok[j]:
-                            A, Vn = apply(ea[j], eb[j], ec[j], True, ev[j], A, Vn)
-                            o1 = A
-                            if two:
-                                o2 = A + ev[j]
+                    if rs[j]:
+                        ra, rb, rc, rh, rf = reset_map(rv[j], rq[j])
+                        A, Vn = apply(ra, rb, rc, rh, rf, A, Vn)
+                    if ok[j]:
+                        A, Vn = apply(ea[j], eb[j], ec[j], True, ev[j], A, Vn)
+                        o1 = A
+                        if two:
+                            o2 = A + ev[j]
                     if yw > 1:
                         tb1[0, sl] = o1
                         if two:
@@ -453,8 +309,7 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
                             out1[row, t] = tb1[0, spos(slot0 + e)]
                             if two:
                                 out2[row, t] = tb2[0, spos(slot0 + e)]
-            # No trailing syncwarp: tb is next written after the next block scan's barrier,
-            # or (OPT_CLOAD) by stage, where each lane writes just the slots it read here.
+            # No trailing syncwarp: tb is next written after the next block scan's barrier.
         return A, Vn
 
     @cuda.jit(device=True)
@@ -520,6 +375,5 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
         return u0, u1
 
     return SimpleNamespace(
-        spos=spos, vec_put=vec_put, vec_get=vec_get, load=load, fold=fold, shared_elem=shared_elem,
-        fold_shared=fold_shared, thread_map=thread_map, stage=stage, emit=emit, warp_mask=warp_mask,
-        warp_ys=warp_ys, block_suffix_scan=block_suffix_scan, span=span)
+        spos=spos, vec_put=vec_put, vec_get=vec_get, load=load, fold=fold, thread_map=thread_map,
+        emit=emit, warp_mask=warp_mask, warp_ys=warp_ys, block_suffix_scan=block_suffix_scan, span=span)
