@@ -628,3 +628,115 @@ def test_reversed_and_strided_views(T):
         np.testing.assert_array_equal(b, e)
         y = gaescan.linear_scan(0.9, rv, reverse=True, backend="numba")
         np.testing.assert_array_equal(y, gaescan.linear_scan(0.9, rc, reverse=True, backend="numba"))
+
+
+# --------------------------------------------------------------------------- eight rows in SIMD lanes
+# gae_lanes (float32, plain or with terminations, above SERIAL_MAX_STEPS) runs rows
+# 8 at a time and the last R % 8 rows in pairs.  It gives the pair kernel's bits:
+# each case runs once through it (SERIAL_MAX_STEPS = 0) and once on the calling
+# thread's pair kernel, and compares the bits and the reference.
+
+LANE_ROWS = [8, 9, 15, 16, 17, 24]
+LANE_LENGTHS = [1, 7, 8, 9, 16, 61, 131]  # around the 8-step block, and primes
+
+
+def _lanes_and_pairs(monkeypatch, r, v, **kw):
+    monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
+    got = gaescan.gae(r, v, backend="numba", **kw)
+    monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 1 << 62)
+    pairs = gaescan.gae(r, v, backend="numba", **kw)
+    return got, pairs
+
+
+def _same_bits(a, b):
+    return all(np.array_equal(x.view(np.uint32), y.view(np.uint32)) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("T", LANE_LENGTHS)
+@pytest.mark.parametrize("R", LANE_ROWS)
+@pytest.mark.parametrize("decay", ["f32-state", "f64-state"])
+def test_lanes_kernel_gives_the_pair_kernels_bits(build_spy, monkeypatch, R, T, decay):
+    rng, r, v, d = _data(R, T, seed=R * 1000 + T, p=0.05)
+    gamma, lam = (0.99, 0.95) if decay == "f32-state" else (0.999, 0.999)
+    last = rng.standard_normal(R).astype(np.float32)
+    carry = rng.standard_normal(R).astype(np.float32)
+    for dones in (d, None):
+        build_spy.clear()
+        got, pairs = _lanes_and_pairs(monkeypatch, r, v, gamma=gamma, lam=lam, dones=dones, last_value=last,
+                                      last_advantage=carry)
+        state = "f32" if decay == "f32-state" else "f64"
+        want_calls = [("gae_lanes", state)] + ([("gae_rows_fused", state)] if R % 8 else [])
+        assert build_spy[:len(want_calls)] == want_calls
+        assert _same_bits(got, pairs)
+        ref = gt.gae(r, v, gamma=gamma, lam=lam, dones=dones, last_value=last, last_advantage=carry)
+        assert gt.assert_close(got[0], ref[0]) <= 2e-5 and gt.assert_close(got[1], ref[1]) <= 2e-5
+
+
+@pytest.mark.parametrize("view", ["wider-rows", "reversed-rows", "strided-out", "steps-strided", "bool-dones",
+                                  "int8-dones"])
+def test_lanes_kernel_views(monkeypatch, view):
+    # Rows addressed by their stride (wider buffers, reversed order, out= views);
+    # arrays not contiguous along time take the pair kernel; flags of any one-byte type.
+    rng, r, v, d = _data(19, 203, seed=7, p=0.03)
+    kw = dict(gamma=0.99, lam=0.95, dones=d)
+    if view == "wider-rows":
+        wr, wv = (np.zeros((19, 260), np.float32) for _ in range(2))
+        wr[:, 3:206], wv[:, 3:206] = r, v
+        r, v = wr[:, 3:206], wv[:, 3:206]
+    elif view == "reversed-rows":
+        r, v, kw["dones"] = r[::-1], v[::-1], d[::-1]
+    elif view == "strided-out":
+        outs = (np.full((19, 300), np.nan, np.float32), np.full((19, 300), np.nan, np.float32))
+        kw["out"] = (outs[0][:, 50:253], outs[1][:, 50:253])
+    elif view == "steps-strided":
+        wr = np.zeros((19, 406), np.float32)
+        wr[:, ::2] = r
+        r = wr[:, ::2]
+    elif view == "int8-dones":
+        kw["dones"] = d.astype(np.int8)
+    got, pairs = _lanes_and_pairs(monkeypatch, r, v, **kw)
+    assert _same_bits(got, pairs)
+    ref = gt.gae(r, v, **{k: x for k, x in kw.items() if k != "out"})
+    assert gt.assert_close(got[0], ref[0]) <= 2e-5 and gt.assert_close(got[1], ref[1]) <= 2e-5
+    if view == "strided-out":
+        assert got[0] is kw["out"][0] and np.all(np.isnan(outs[0][:, :50])) and np.all(np.isnan(outs[0][:, 253:]))
+
+
+def test_lanes_kernel_nan_stays_in_its_episode(monkeypatch):
+    monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
+    _, r, v, _ = _data(16, 8 * 40 + 5)
+    d = np.zeros(r.shape, bool)
+    cut = 150
+    d[:, cut] = True
+    r[:, cut + 1:cut + 20] = np.nan
+    v[3, cut + 30] = np.inf
+    adv, ret = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="numba")
+    assert np.all(np.isfinite(adv[:, :cut + 1])) and np.all(np.isfinite(ret[:, :cut + 1]))
+    A, _ = _oracle(r[:, :cut + 1], v[:, :cut + 1], 0.99, 0.95, term=d[:, :cut + 1])
+    assert gt.assert_close(adv[:, :cut + 1], A) <= 2e-5
+
+
+def test_lanes_kernel_is_thread_count_independent(monkeypatch):
+    import numba
+
+    monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
+    _, r, v, d = _data(40, 1000 + 3)
+    a1 = gaescan.gae(r, v, gamma=0.999, lam=0.99, dones=d, backend="numba")
+    n = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        a2 = gaescan.gae(r, v, gamma=0.999, lam=0.99, dones=d, backend="numba")
+    finally:
+        numba.set_num_threads(n)
+    assert _same_bits(a1, a2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gamma,lam", [(0.99, 0.95), (float(np.float32(0.9999999)), float(np.float32(0.9999999)))])
+def test_lanes_kernel_long_rows(monkeypatch, gamma, lam):
+    # 2^17 + 3 steps, and γ, λ just below 1 in float32 (the float64 state).
+    rng, r, v, d = _data(9, (1 << 17) + 3, seed=17, p=0.001)
+    got, pairs = _lanes_and_pairs(monkeypatch, r, v, gamma=gamma, lam=lam, dones=d)
+    assert _same_bits(got, pairs)
+    ref = gt.gae(r, v, gamma=gamma, lam=lam, dones=d)
+    assert gt.assert_close(got[0], ref[0]) <= 2e-5 and gt.assert_close(got[1], ref[1]) <= 2e-5

@@ -46,10 +46,13 @@ and AMD EPYC machines, is not faster (figures in ``benchmarks/results/``, see
 time-major kernels read each step's block of batch columns upwards.
 
 The fast paths at the end of the module (:func:`gae_rows_fused`,
-:func:`gae_timemajor`) serve plain GAE with terminations and per-row/scalar
-γ, λ (the common RL case): fused (δ computed on the fly, each output written
-once, no temporaries), rows in pairs on batch-major buffers, vectorised
-across the batch on time-major buffers.
+:func:`gae_lanes`, :func:`gae_timemajor`) serve plain GAE with terminations
+and per-row/scalar γ, λ (the common RL case): fused (δ computed on the fly,
+each output written once, no temporaries), rows in pairs on batch-major
+buffers, float32 rows eight at a time in SIMD lanes where they are contiguous
+along time (:mod:`gaescan.kernels._lanes` writes those vectors: LLVM does not
+vectorise a chain across rows by itself), vectorised across the batch on
+time-major buffers.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ from numba import njit, prange, types
 from numba.core.caching import NullCache
 
 from .. import _threading
+from ._lanes import lanes_block
 
 _FLOATS = (types.float32, types.float64)
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -102,7 +106,8 @@ class Kernel:
     func : callable
         The Python function of the kernel.
     signatures : list of numba signatures
-        One per entry of ``_DTYPES`` (float32, float64), in that order.
+        One per entry of ``_DTYPES`` (float32, float64), in that order; ``None``
+        for a dtype the kernel does not take.
     narrow : bool
         Whether the kernel has a float32-state build (see :meth:`f32_state`).
     **options
@@ -116,7 +121,8 @@ class Kernel:
         self.__qualname__ = func.__qualname__
         self.__doc__ = func.__doc__
         self.__wrapped__ = func
-        self.signatures = dict(zip(_DTYPES, signatures, strict=True))
+        # ``None`` for a dtype the kernel does not take (a float32-only kernel).
+        self.signatures = {dt: sig for dt, sig in zip(_DTYPES, signatures, strict=True) if sig is not None}
         self.parallel = bool(options.get("parallel", False))
         self._options = {**options, "cache": True, "nogil": True}
         self.narrow = bool(narrow)
@@ -186,7 +192,8 @@ class Kernel:
         """
         dt = np.dtype(dtype)
         if dt not in self.signatures:
-            raise TypeError(f"{self.__name__}: no kernel for dtype {dt}; the kernels take float32 or float64")
+            takes = " or ".join(str(d) for d in self.signatures)
+            raise TypeError(f"{self.__name__}: no kernel for dtype {dt}; this kernel takes {takes}")
         if narrow and (dt != _F4 or not self.narrow):
             raise TypeError(f"{self.__name__}: no float32-state build for dtype {dt}")
         serial = serial and self.parallel
@@ -257,6 +264,7 @@ def _f4_namespace() -> dict[str, Any]:
                 if not isinstance(helper._cache, NullCache):
                     options["cache"] = True
                 namespace[name] = njit(**options)(_renamed(helper.py_func, "_f4", namespace))
+            namespace.update(_LANES_F4)
             _F4_NAMESPACE.update(namespace)
     return _F4_NAMESPACE
 
@@ -287,7 +295,7 @@ def builds() -> Iterator[tuple[Kernel, np.dtype, bool, bool]]:
     makes: both dtypes of every kernel, the serial build of each parallel one,
     and the float32-state builds (``narrow``) of float32."""
     for k in all_kernels():
-        for dt in _DTYPES:
+        for dt in k.signatures:
             for narrow in (False, True) if k.narrow and dt == _F4 else (False,):
                 yield k, dt, False, narrow
                 if k.parallel:
@@ -791,6 +799,66 @@ def gae_rows_fused_1t(rewards, values, next_values, has_next, term, has_term, tr
     for u in range((rewards.shape[0] + 1) // 2):
         _gae_unit(u, rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
                   gcol, lcol, bound, carry, adv, ret)
+
+
+# Eight rows in the lanes of one SIMD register (see :mod:`gaescan.kernels._lanes`):
+# the blocks with a float64 state; the float32-state namespace (:func:`_f4_namespace`)
+# holds the float32-state ones under the same names.
+_lanes_term = lanes_block(True, True)
+_lanes_plain = lanes_block(False, True)
+_LANES_F4 = {"_lanes_term": lanes_block(True, False), "_lanes_plain": lanes_block(False, False)}
+_F4T = types.float32
+
+
+@kernel([types.void(_ro(_F4T, 2), _ro(_F4T, 2), _U8A, _B, _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1),
+                    _ro(_F4T, 1), types.Array(_F4T, 2, "A"), types.Array(_F4T, 2, "A")), None],
+        parallel=True, fastmath=_FM)
+def gae_lanes(rewards, values, term, has_term, gcol, lcol, bound, carry, adv, ret):
+    """Batch-major fused GAE on float32 rows contiguous along time, plain or with
+    terminations, eight rows at a time in SIMD lanes: rows ``0 .. 8·(R // 8) − 1``
+    (the caller runs the others through :func:`gae_rows_fused`).
+
+    Each group of 8 rows first runs its last ``T % 8`` steps one row at a time
+    (:func:`_gstep`), then its blocks of 8 steps from the end, each one call of
+    the ``_lanes_*`` block: eight independent chains per instruction, where
+    :func:`_gae_pair` runs two.  The same operations as :func:`_gae_pair`, so
+    the same bits.  ``term`` is read only when ``has_term``; every array must
+    be contiguous along time (the block addresses rows by their stride and
+    steps by the item size).
+    """
+    R, T = rewards.shape
+    tail = T % 8
+    t8 = T - tail
+    for grp in prange(R // 8):
+        i0 = grp * 8
+        sa = np.empty(8, _f8)
+        sv = np.empty(8, np.float32)
+        g8 = np.empty(8, np.float32)
+        gl8 = np.empty(8, _f8)
+        for q in range(8):
+            i = i0 + q
+            g = gcol[i]
+            gl = _f8(g) * _f8(lcol[i])
+            a = _f8(carry[i])
+            vn = bound[i]
+            for j in range(tail):
+                t = T - 1 - j
+                x = values[i, t]
+                a = _gstep(rewards[i, t], x, vn, has_term and term[i, t] != 0, g, gl, a)
+                o = np.float32(a)
+                adv[i, t] = o
+                ret[i, t] = o + x
+                vn = x
+            sa[q] = a
+            sv[q] = vn
+            g8[q] = g
+            gl8[q] = gl
+        for b in range(t8 // 8):
+            t0 = t8 - 8 * (b + 1)
+            if has_term:
+                _lanes_term(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8)
+            else:
+                _lanes_plain(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8)
 
 
 @kernel(

@@ -1,0 +1,80 @@
+"""Batch-major GAE with eight rows in SIMD lanes (the default) against rows in pairs.
+
+Run: ``python benchmarks/lanes_bench.py [--repeat N] [--rounds N]``.
+
+``gaescan.gae`` on float32 ``[256, 131072]`` rows, plain and with dones, runs
+:func:`gaescan.kernels.cpu.gae_lanes` (eight rows per SIMD register, see
+:mod:`gaescan.kernels._lanes`).  The same process times the kernel it
+replaces, :func:`gaescan.kernels.cpu.gae_rows_fused` (two rows per loop), on
+the same inputs into the same preallocated outputs, and a STREAM triad over
+the same element count, round after round.  Both state widths: γ=0.99, λ=0.95
+(float32 state) and γ=λ=0.999 (float64 state).  Before timing, the script
+checks that both give the same bits.  Figures are per machine: commit the
+output under ``benchmarks/results/`` with the CPU model in the file name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import gaescan
+from gaescan.kernels import cpu
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_bench import _median, _triad_bw, machine  # noqa: E402
+
+
+def pairs(r, v, d8, has_term, gamma, lam, adv, ret):
+    """The pair kernel on the arrays ``gaescan.gae`` would hand it (float32 state where it would)."""
+    R = r.shape[0]
+    gcol, lcol = np.full(R, gamma, np.float32), np.full(R, lam, np.float32)
+    zero = np.zeros(R, np.float32)
+    narrow = abs(float(np.float32(gamma)) * float(np.float32(lam))) <= float(np.float32(0.99))
+    k = cpu.gae_rows_fused.f32_state if narrow else cpu.gae_rows_fused
+    nf = np.zeros((1, 1), np.uint8)
+    k(r, v, v, False, d8 if has_term else nf, has_term, nf, nf, False, gcol, lcol, zero, zero, adv, ret)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args(argv)
+    R, T = 256, 131072
+    rng = np.random.default_rng(0)
+    r = rng.standard_normal((R, T), dtype=np.float32)
+    v = rng.standard_normal((R, T), dtype=np.float32)
+    d = rng.random((R, T)) < 0.01
+    d8 = d.view(np.uint8)
+    adv, ret = np.empty_like(r), np.empty_like(r)
+    adv2, ret2 = np.empty_like(r), np.empty_like(r)
+    cases = [(g, lam, has) for g, lam in ((0.99, 0.95), (0.999, 0.999)) for has in (True, False)]
+    for g, lam, has in cases:
+        gaescan.gae(r, v, gamma=g, lam=lam, dones=d if has else None, out=(adv, ret))
+        pairs(r, v, d8, has, g, lam, adv2, ret2)
+        if not (np.array_equal(adv.view(np.uint32), adv2.view(np.uint32))
+                and np.array_equal(ret.view(np.uint32), ret2.view(np.uint32))):
+            raise SystemExit(f"lanes and pairs differ: gamma={g} lam={lam} dones={has}")
+    print(f"# python benchmarks/lanes_bench.py --repeat {args.repeat} --rounds {args.rounds}")
+    print(f"# {machine()}")
+    print(f"# [{R}, {T}] float32; bits: lanes == pairs on all {len(cases)} cases; medians of {args.repeat};")
+    print("# x triad = bytes one pass moves (16 per step, 17 with dones) / time / triad GB/s of the same round")
+    print(f"{'round':>5s} {'triad GB/s':>10s} {'gamma':>6s} {'lam':>6s} {'dones':>5s} {'pairs ms':>9s} "
+          f"{'x triad':>7s} {'lanes ms':>9s} {'x triad':>7s} {'pairs/lanes':>11s}")
+    for k in range(args.rounds):
+        tri = _triad_bw(R * T, args.repeat)
+        for g, lam, has in cases:
+            nbytes = R * T * (17 if has else 16)
+            t_p = _median(lambda g=g, lam=lam, has=has: pairs(r, v, d8, has, g, lam, adv2, ret2), args.repeat)
+            t_l = _median(lambda g=g, lam=lam, has=has: gaescan.gae(r, v, gamma=g, lam=lam, dones=d if has else None,
+                                                                  out=(adv, ret)), args.repeat)
+            print(f"{k + 1:5d} {tri:10.1f} {g:6.3f} {lam:6.3f} {has!s:>5s} {t_p * 1e3:9.1f} "
+                  f"{nbytes / t_p / 1e9 / tri:7.2f} {t_l * 1e3:9.1f} {nbytes / t_l / 1e9 / tri:7.2f} {t_p / t_l:11.2f}")
+
+
+if __name__ == "__main__":
+    main()

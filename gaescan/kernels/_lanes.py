@@ -1,0 +1,158 @@
+"""Eight GAE rows in the lanes of one SIMD register: the LLVM code of one 8 x 8 block.
+
+Numba's LLVM does not vectorise a chain that runs step by step across rows
+(each row's recurrence is a dependent chain; the loop over rows has no
+vector form it recognises), so :func:`lanes_block` writes the vectors
+itself, as a Numba ``@intrinsic`` that :func:`gaescan.kernels.cpu.gae_lanes`
+calls once per block of 8 rows x 8 steps:
+
+1. eight 32-byte loads of rewards and of values (one per row, the block's 8
+   consecutive steps; unaligned loads), and, with terminations, eight 8-byte
+   loads of the uint8 flags;
+2. an 8 x 8 transpose of each in registers (``shufflevector``), so that
+   vector ``s`` holds step ``s`` of the 8 rows;
+3. the 8 steps of the chain, latest first, on ``<8 x float>`` (δ) and
+   ``<8 x double>`` or ``<8 x float>`` (the carried advantage, per the
+   build's state width): ``δ = fma(γ, V', r) − v`` in float32, then
+   ``A = fma(γλ, A, δ)`` in the state width, and with terminations a select
+   of ``r − v`` (no bootstrap, no carry) where the flag is set;
+4. the transpose back of both outputs (``A`` rounded to float32, and
+   ``A + v``) and eight 32-byte stores each.
+
+These are the operations of the default kernel's step (``_gstep`` and the
+plain step of ``_gae_pair`` in :mod:`gaescan.kernels.cpu`), one for one, in
+the same order and widths, so the results are bit for bit the same.  The
+carry between blocks lives in four 8-element arrays the caller owns: the
+state ``A``, the value after the block ``V'``, ``γ`` and ``γλ`` per row.
+
+Every array is addressed as ``data + (i0 + q) * row_stride + t * itemsize``:
+the caller checks on the host that each is contiguous along time.  Numba's
+disk cache keys the kernel that calls this on :mod:`gaescan.kernels.cpu`'s
+source, not on this module's: a development checkout that edits this file
+clears ``NUMBA_CACHE_DIR`` (installed versions get fresh files).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+_I32x8 = ir.VectorType(ir.IntType(32), 8)
+
+
+def _shuffle(builder: Any, a: Any, b: Any, idx: list[int]) -> Any:
+    return builder.shuffle_vector(a, b, ir.Constant(_I32x8, idx))
+
+
+def transpose8(builder: Any, rows: list[Any]) -> list[Any]:
+    """Eight 8-lane vectors (rows) -> eight 8-lane vectors (columns): an 8 x 8 transpose.
+
+    Three rounds of two-input shuffles: pairs of rows interleaved by element,
+    then by pairs of elements, then the 128-bit halves exchanged.
+    """
+    lo, hi = [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15]
+    t = []
+    for k in range(0, 8, 2):
+        t += [_shuffle(builder, rows[k], rows[k + 1], lo), _shuffle(builder, rows[k], rows[k + 1], hi)]
+    a, b = [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]
+    u = []
+    for base in (0, 4):
+        x0, x1, y0, y1 = t[base], t[base + 1], t[base + 2], t[base + 3]
+        u += [_shuffle(builder, x0, y0, a), _shuffle(builder, x0, y0, b),
+              _shuffle(builder, x1, y1, a), _shuffle(builder, x1, y1, b)]
+    low, high = [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]
+    cols = [None] * 8
+    for c in range(4):
+        cols[c] = _shuffle(builder, u[c], u[4 + c], low)
+        cols[c + 4] = _shuffle(builder, u[c], u[4 + c], high)
+    return cols
+
+
+def lanes_block(has_term: bool, wide: bool) -> Any:
+    """The intrinsic ``block(r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8)``.
+
+    It runs steps ``t0 + 7`` down to ``t0`` of rows ``i0 .. i0 + 7`` of the
+    float32 arrays ``r``, ``v`` (read), ``adv``, ``ret`` (written) and, with
+    ``has_term``, the uint8 flags ``term``; ``sa`` (the carried advantage,
+    float64 when ``wide``, else float32), ``sv`` (the value after the block),
+    ``g8`` (γ) and ``gl8`` (γλ, the state's width) hold one element per row
+    and are updated in place.
+    """
+    @intrinsic
+    def block(typingctx, r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8):
+        sig = types.void(r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8)
+
+        def codegen(context, builder, signature, args):
+            st = signature.args
+            intp = context.get_value_type(types.intp)
+            i0_, t0_ = args[5], args[6]
+            f32 = ir.FloatType()
+            v8f = ir.VectorType(f32, 8)
+            v8s = ir.VectorType(ir.DoubleType() if wide else f32, 8)
+            fma_f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f] * 3),
+                                                   "llvm.fma.v8f32")
+            fma_s = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8s, [v8s] * 3),
+                                                   "llvm.fma.v8f64" if wide else "llvm.fma.v8f32")
+
+            def base(k):
+                a = context.make_array(st[k])(context, builder, args[k])
+                row_stride = cgutils.unpack_tuple(builder, a.strides, 2)[0]
+                return builder.ptrtoint(a.data, intp), row_stride
+
+            bases = {k: base(k) for k in range(5)}
+
+            def at(k, q, ty, itemsize):
+                # &array[i0 + q, t0]: the array is contiguous along time.
+                start, row_stride = bases[k]
+                off = builder.add(builder.mul(builder.add(i0_, ir.Constant(intp, q)), row_stride),
+                                  builder.mul(t0_, ir.Constant(intp, itemsize)))
+                return builder.inttoptr(builder.add(start, off), ty.as_pointer())
+
+            def vec(k, ty):
+                a = context.make_array(st[k])(context, builder, args[k])
+                return builder.bitcast(a.data, ty.as_pointer())
+
+            R = transpose8(builder, [builder.load(at(0, q, v8f, 4), align=4) for q in range(8)])
+            V = transpose8(builder, [builder.load(at(1, q, v8f, 4), align=4) for q in range(8)])
+            if has_term:
+                v8b = ir.VectorType(ir.IntType(8), 8)
+                D = transpose8(builder, [builder.zext(builder.load(at(2, q, v8b, 1), align=1), _I32x8)
+                                         for q in range(8)])
+            pa, pv = vec(7, v8s), vec(8, v8f)
+            A = builder.load(pa, align=8 if wide else 4)
+            vn = builder.load(pv, align=4)
+            g = builder.load(vec(9, v8f), align=4)
+            gl = builder.load(vec(10, v8s), align=8 if wide else 4)
+            zero = ir.Constant(_I32x8, [0] * 8)
+
+            def widen(x):
+                return builder.fpext(x, v8s) if wide else x
+
+            out_a, out_r = [None] * 8, [None] * 8
+            for s in range(7, -1, -1):
+                rt, vt = R[s], V[s]
+                x = builder.call(fma_s, [gl, A, widen(builder.fsub(builder.call(fma_f, [g, vn, rt]), vt))])
+                if has_term:
+                    # A select, not a multiplication by (1 - done): a NaN after the
+                    # episode's end never reaches it.
+                    A = builder.select(builder.icmp_unsigned("!=", D[s], zero), widen(builder.fsub(rt, vt)), x)
+                else:
+                    A = x
+                o = builder.fptrunc(A, v8f) if wide else A
+                out_a[s] = o
+                out_r[s] = builder.fadd(o, vt)
+                vn = vt
+            builder.store(A, pa, align=8 if wide else 4)
+            builder.store(vn, pv, align=4)
+            for k, cols in ((3, out_a), (4, out_r)):
+                for q, row in enumerate(transpose8(builder, cols)):
+                    builder.store(row, at(k, q, v8f, 4), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return block
