@@ -6,8 +6,9 @@ Run: ``python benchmarks/lanes_bench.py [--repeat N] [--rounds N]``.
 :func:`gaescan.kernels.cpu.gae_lanes` (eight rows per SIMD register, see
 :mod:`gaescan.kernels._lanes`).  The same process times the kernel it
 replaces, :func:`gaescan.kernels.cpu.gae_rows_fused` (two rows per loop), on
-the same inputs into the same preallocated outputs, and a STREAM triad over
-the same element count, round after round.  Both state widths: γ=0.99, λ=0.95
+the same inputs into the same preallocated outputs, the two calls in turn
+(medians of each), and a STREAM triad over the same element count, round
+after round.  Both state widths: γ=0.99, λ=0.95
 (float32 state) and γ=λ=0.999 (float64 state).  Before timing, the script
 checks that both give the same bits.  Figures are per machine: commit the
 output under ``benchmarks/results/`` with the CPU model in the file name.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +27,7 @@ import gaescan
 from gaescan.kernels import cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_bench import _median, _triad_bw, machine  # noqa: E402
+from cpu_bench import _triad_bw, machine  # noqa: E402
 
 
 def pairs(r, v, d8, has_term, gamma, lam, adv, ret):
@@ -37,6 +39,20 @@ def pairs(r, v, d8, has_term, gamma, lam, adv, ret):
     k = cpu.gae_rows_fused.f32_state if narrow else cpu.gae_rows_fused
     nf = np.zeros((1, 1), np.uint8)
     k(r, v, v, False, d8 if has_term else nf, has_term, nf, nf, False, gcol, lcol, zero, zero, adv, ret)
+
+
+def _alternating(f, g, repeat):
+    """Medians of ``f`` and ``g`` timed in turn, call after call (a shared host's
+    load drifts: alternating gives both the same conditions)."""
+    f()
+    g()
+    tf, tg = [], []
+    for _ in range(repeat):
+        for fn, ts in ((f, tf), (g, tg)):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+    return float(np.median(tf)), float(np.median(tg))
 
 
 def main(argv=None) -> None:
@@ -61,7 +77,8 @@ def main(argv=None) -> None:
             raise SystemExit(f"lanes and pairs differ: gamma={g} lam={lam} dones={has}")
     print(f"# python benchmarks/lanes_bench.py --repeat {args.repeat} --rounds {args.rounds}")
     print(f"# {machine()}")
-    print(f"# [{R}, {T}] float32; bits: lanes == pairs on all {len(cases)} cases; medians of {args.repeat};")
+    print(f"# [{R}, {T}] float32; bits: lanes == pairs on all {len(cases)} cases; medians of {args.repeat}, "
+          "the two kernels timed in turn;")
     print("# x triad = bytes one pass moves (16 per step, 17 with dones) / time / triad GB/s of the same round")
     print(f"{'round':>5s} {'triad GB/s':>10s} {'gamma':>6s} {'lam':>6s} {'dones':>5s} {'pairs ms':>9s} "
           f"{'x triad':>7s} {'lanes ms':>9s} {'x triad':>7s} {'pairs/lanes':>11s}")
@@ -69,9 +86,10 @@ def main(argv=None) -> None:
         tri = _triad_bw(R * T, args.repeat)
         for g, lam, has in cases:
             nbytes = R * T * (17 if has else 16)
-            t_p = _median(lambda g=g, lam=lam, has=has: pairs(r, v, d8, has, g, lam, adv2, ret2), args.repeat)
-            t_l = _median(lambda g=g, lam=lam, has=has: gaescan.gae(r, v, gamma=g, lam=lam, dones=d if has else None,
-                                                                  out=(adv, ret)), args.repeat)
+            t_p, t_l = _alternating(
+                lambda g=g, lam=lam, has=has: pairs(r, v, d8, has, g, lam, adv2, ret2),
+                lambda g=g, lam=lam, has=has: gaescan.gae(r, v, gamma=g, lam=lam, dones=d if has else None,
+                                                          out=(adv, ret)), args.repeat)
             print(f"{k + 1:5d} {tri:10.1f} {g:6.3f} {lam:6.3f} {has!s:>5s} {t_p * 1e3:9.1f} "
                   f"{nbytes / t_p / 1e9 / tri:7.2f} {t_l * 1e3:9.1f} {nbytes / t_l / 1e9 / tri:7.2f} {t_p / t_l:11.2f}")
 
