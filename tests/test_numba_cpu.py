@@ -637,7 +637,7 @@ def test_reversed_and_strided_views(T):
 # thread's pair kernel, and compares the bits and the reference.
 
 LANE_ROWS = [8, 9, 15, 16, 17, 24]
-LANE_LENGTHS = [1, 7, 8, 9, 16, 61, 131]  # around the 8-step block, and primes
+LANE_LENGTHS = [1, 7, 8, 15, 16, 17, 32, 33, 61, 131]  # around the 16-step block, and primes
 
 
 def _lanes_and_pairs(monkeypatch, r, v, **kw):
@@ -704,7 +704,7 @@ def test_lanes_kernel_views(monkeypatch, view):
 
 def test_lanes_kernel_nan_stays_in_its_episode(monkeypatch):
     monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
-    _, r, v, _ = _data(16, 8 * 40 + 5)
+    _, r, v, _ = _data(16, 16 * 20 + 5)
     d = np.zeros(r.shape, bool)
     cut = 150
     d[:, cut] = True

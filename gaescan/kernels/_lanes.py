@@ -1,23 +1,23 @@
-"""Eight GAE rows in the lanes of one SIMD register: the LLVM code of one 8 x 8 block.
+"""Eight GAE rows in the lanes of one SIMD register: the LLVM code of one block of steps.
 
 Numba's LLVM does not vectorise a chain that runs step by step across rows
 (each row's recurrence is a dependent chain; the loop over rows has no
 vector form it recognises), so :func:`lanes_block` writes the vectors
 itself, as a Numba ``@intrinsic`` that :func:`gaescan.kernels.cpu.gae_lanes`
-calls once per block of 8 rows x 8 steps:
+calls once per block of 8 rows x ``steps`` steps (a multiple of 8):
 
-1. eight 32-byte loads of rewards and of values (one per row, the block's 8
-   consecutive steps; unaligned loads), and, with terminations, eight 8-byte
+1. per row, ``steps / 8`` 32-byte loads of rewards and of values (the block's
+   consecutive steps; unaligned loads), and, with terminations, as many 8-byte
    loads of the uint8 flags;
-2. an 8 x 8 transpose of each in registers (``shufflevector``), so that
+2. 8 x 8 transposes of each in registers (``shufflevector``), so that
    vector ``s`` holds step ``s`` of the 8 rows;
-3. the 8 steps of the chain, latest first, on ``<8 x float>`` (δ) and
+3. the steps of the chain, latest first, on ``<8 x float>`` (δ) and
    ``<8 x double>`` or ``<8 x float>`` (the carried advantage, per the
    build's state width): ``δ = fma(γ, V', r) − v`` in float32, then
    ``A = fma(γλ, A, δ)`` in the state width, and with terminations a select
    of ``r − v`` (no bootstrap, no carry) where the flag is set;
-4. the transpose back of both outputs (``A`` rounded to float32, and
-   ``A + v``) and eight 32-byte stores each.
+4. the transposes back of both outputs (``A`` rounded to float32, and
+   ``A + v``) and their 32-byte stores.
 
 These are the operations of the default kernel's step (``_gstep`` and the
 plain step of ``_gae_pair`` in :mod:`gaescan.kernels.cpu`), one for one, in
@@ -72,10 +72,12 @@ def transpose8(builder: Any, rows: list[Any]) -> list[Any]:
     return cols
 
 
-def lanes_block(has_term: bool, wide: bool) -> Any:
+def lanes_block(has_term: bool, wide: bool, steps: int = 8) -> Any:
     """The intrinsic ``block(r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8)``.
 
-    It runs steps ``t0 + 7`` down to ``t0`` of rows ``i0 .. i0 + 7`` of the
+    It runs steps ``t0 + steps - 1`` down to ``t0`` (``steps`` a multiple of 8:
+    each row's loads and stores are ``steps / 8`` vectors, transposed 8 x 8 at
+    a time) of rows ``i0 .. i0 + 7`` of the
     float32 arrays ``r``, ``v`` (read), ``adv``, ``ret`` (written) and, with
     ``has_term``, the uint8 flags ``term``; ``sa`` (the carried advantage,
     float64 when ``wide``, else float32), ``sv`` (the value after the block),
@@ -105,23 +107,32 @@ def lanes_block(has_term: bool, wide: bool) -> Any:
 
             bases = {k: base(k) for k in range(5)}
 
-            def at(k, q, ty, itemsize):
-                # &array[i0 + q, t0]: the array is contiguous along time.
+            def at(k, q, ty, itemsize, h=0):
+                # &array[i0 + q, t0 + h]: the array is contiguous along time.
                 start, row_stride = bases[k]
                 off = builder.add(builder.mul(builder.add(i0_, ir.Constant(intp, q)), row_stride),
-                                  builder.mul(t0_, ir.Constant(intp, itemsize)))
+                                  builder.mul(builder.add(t0_, ir.Constant(intp, h)), ir.Constant(intp, itemsize)))
                 return builder.inttoptr(builder.add(start, off), ty.as_pointer())
 
             def vec(k, ty):
                 a = context.make_array(st[k])(context, builder, args[k])
                 return builder.bitcast(a.data, ty.as_pointer())
 
-            R = transpose8(builder, [builder.load(at(0, q, v8f, 4), align=4) for q in range(8)])
-            V = transpose8(builder, [builder.load(at(1, q, v8f, 4), align=4) for q in range(8)])
+            def steps_of(k, ty, itemsize, conv=None):
+                # Vector s: step t0 + s of the 8 rows, for s < steps.
+                out = []
+                for h in range(0, steps, 8):
+                    rows = []
+                    for q in range(8):
+                        x = builder.load(at(k, q, ty, itemsize, h), align=itemsize)
+                        rows.append(conv(x) if conv is not None else x)
+                    out += transpose8(builder, rows)
+                return out
+
+            R = steps_of(0, v8f, 4)
+            V = steps_of(1, v8f, 4)
             if has_term:
-                v8b = ir.VectorType(ir.IntType(8), 8)
-                D = transpose8(builder, [builder.zext(builder.load(at(2, q, v8b, 1), align=1), _I32x8)
-                                         for q in range(8)])
+                D = steps_of(2, ir.VectorType(ir.IntType(8), 8), 1, lambda x: builder.zext(x, _I32x8))
             pa, pv = vec(7, v8s), vec(8, v8f)
             A = builder.load(pa, align=8 if wide else 4)
             vn = builder.load(pv, align=4)
@@ -132,8 +143,8 @@ def lanes_block(has_term: bool, wide: bool) -> Any:
             def widen(x):
                 return builder.fpext(x, v8s) if wide else x
 
-            out_a, out_r = [None] * 8, [None] * 8
-            for s in range(7, -1, -1):
+            out_a, out_r = [None] * steps, [None] * steps
+            for s in range(steps - 1, -1, -1):
                 rt, vt = R[s], V[s]
                 x = builder.call(fma_s, [gl, A, widen(builder.fsub(builder.call(fma_f, [g, vn, rt]), vt))])
                 if has_term:
@@ -149,8 +160,9 @@ def lanes_block(has_term: bool, wide: bool) -> Any:
             builder.store(A, pa, align=8 if wide else 4)
             builder.store(vn, pv, align=4)
             for k, cols in ((3, out_a), (4, out_r)):
-                for q, row in enumerate(transpose8(builder, cols)):
-                    builder.store(row, at(k, q, v8f, 4), align=4)
+                for h in range(0, steps, 8):
+                    for q, row in enumerate(transpose8(builder, cols[h:h + 8])):
+                        builder.store(row, at(k, q, v8f, 4, h), align=4)
             return context.get_dummy_value()
 
         return sig, codegen

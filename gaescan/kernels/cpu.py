@@ -801,12 +801,16 @@ def gae_rows_fused_1t(rewards, values, next_values, has_next, term, has_term, tr
                   gcol, lcol, bound, carry, adv, ret)
 
 
-# Eight rows in the lanes of one SIMD register (see :mod:`gaescan.kernels._lanes`):
-# the blocks with a float64 state; the float32-state namespace (:func:`_f4_namespace`)
-# holds the float32-state ones under the same names.
-_lanes_term = lanes_block(True, True)
-_lanes_plain = lanes_block(False, True)
-_LANES_F4 = {"_lanes_term": lanes_block(True, False), "_lanes_plain": lanes_block(False, False)}
+# Eight rows in the lanes of one SIMD register (see :mod:`gaescan.kernels._lanes`),
+# 16 steps a block: each row's loads and stores are whole 64-byte lines (blocks of
+# 8 and 32 steps are slower: benchmarks/results/*-lanes_block_steps.txt).  The blocks
+# with a float64 state; the float32-state namespace (:func:`_f4_namespace`) holds the
+# float32-state ones under the same names.
+_LANE_STEPS = 16
+_lanes_term = lanes_block(True, True, _LANE_STEPS)
+_lanes_plain = lanes_block(False, True, _LANE_STEPS)
+_LANES_F4 = {"_lanes_term": lanes_block(True, False, _LANE_STEPS),
+             "_lanes_plain": lanes_block(False, False, _LANE_STEPS)}
 _F4T = types.float32
 
 
@@ -818,8 +822,8 @@ def gae_lanes(rewards, values, term, has_term, gcol, lcol, bound, carry, adv, re
     terminations, eight rows at a time in SIMD lanes: rows ``0 .. 8·(R // 8) − 1``
     (the caller runs the others through :func:`gae_rows_fused`).
 
-    Each group of 8 rows first runs its last ``T % 8`` steps one row at a time
-    (:func:`_gstep`), then its blocks of 8 steps from the end, each one call of
+    Each group of 8 rows first runs its last ``T % 16`` steps one row at a time
+    (:func:`_gstep`), then its blocks of 16 steps from the end, each one call of
     the ``_lanes_*`` block: eight independent chains per instruction, where
     :func:`_gae_pair` runs two.  The same operations as :func:`_gae_pair`, so
     the same bits.  ``term`` is read only when ``has_term``; every array must
@@ -827,8 +831,8 @@ def gae_lanes(rewards, values, term, has_term, gcol, lcol, bound, carry, adv, re
     steps by the item size).
     """
     R, T = rewards.shape
-    tail = T % 8
-    t8 = T - tail
+    tail = T % _LANE_STEPS
+    tb = T - tail
     for grp in prange(R // 8):
         i0 = grp * 8
         sa = np.empty(8, _f8)
@@ -853,8 +857,8 @@ def gae_lanes(rewards, values, term, has_term, gcol, lcol, bound, carry, adv, re
             sv[q] = vn
             g8[q] = g
             gl8[q] = gl
-        for b in range(t8 // 8):
-            t0 = t8 - 8 * (b + 1)
+        for b in range(tb // _LANE_STEPS):
+            t0 = tb - _LANE_STEPS * (b + 1)
             if has_term:
                 _lanes_term(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8)
             else:
