@@ -201,8 +201,10 @@ def _gae_general(p: GAEProblem, rows: Rows) -> None:
 class _Fused:
     """What the fused kernels need besides the arrays: the per-row columns of
     γ and λ, the boundary values, whether the state may be float32
-    (``narrow``), and ``rows_call``, the batch-major kernel for the call's
-    size, ready to call (see :meth:`gaescan.kernels.cpu.Kernel.caller`)."""
+    (``narrow``), ``rows_call``, the batch-major kernel for the call's
+    size, ready to call (see :meth:`gaescan.kernels.cpu.Kernel.caller`), and
+    ``lanes_call``, the eight-rows-in-lanes kernel where it may serve
+    (:func:`_lanes_kernel`; :func:`_call_rows` checks the arrays' layout)."""
 
     __slots__ = ("gcol", "lcol", "bound", "carry", "narrow", "rows_call", "lanes_call")
 
