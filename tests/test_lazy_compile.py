@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import gaescan
-from gaescan.kernels import cpu
+from gaescan.kernels import cpu, cpu_vtrace
 
 PKG = Path(gaescan.__file__).parent
 
@@ -112,13 +112,15 @@ def test_kernels_are_lazy_and_closed():
     assert cpu.all_kernels(), "no kernels registered"
     for k in cpu.all_kernels():
         assert isinstance(k, cpu.Kernel)
-        # gae_lanes (eight float32 rows in SIMD lanes) is float32 only
-        want = ["float32"] if k is cpu.gae_lanes else ["float32", "float64"]
+        # the kernels of eight float32 rows in SIMD lanes are float32 only
+        want = ["float32"] if k.__name__ in ("gae_lanes", "vtrace_lanes") else ["float32", "float64"]
         assert sorted(str(d) for d in k.signatures) == want
     with pytest.raises(TypeError, match="float32 or float64"):
         cpu.scan_rows.compile(np.float16)
     with pytest.raises(TypeError, match="takes float32$"):
         cpu.gae_lanes.compile(np.float64)
+    with pytest.raises(TypeError, match="takes float32$"):
+        cpu_vtrace.vtrace_lanes.compile(np.float64)
 
 
 @pytest.mark.slow

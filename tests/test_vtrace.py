@@ -438,3 +438,113 @@ def test_cu_seqlens_errors(rng):
         gaescan.vtrace(**kw, gamma=0.9, cu_seqlens=np.array([0, 4, 9]))
     with pytest.raises(TypeError, match="cu_seqlens"):
         gaescan.vtrace(**kw, gamma=0.9, cu_seqlens=np.array([0.0, 10.0]))
+
+
+# --------------------------------------------------------------------------- eight rows in SIMD lanes
+# vtrace_lanes (float32 batch-major rows, plain or with terminations, no next_values,
+# above SERIAL_MAX_STEPS) runs rows 8 at a time and the last R % 8 rows through the
+# tiled fused kernel.  It gives the fused kernel's bits: each case runs once through
+# it (SERIAL_MAX_STEPS = 0) and once with the lanes kernel refused.
+
+VT_LANE_ROWS = [8, 9, 15, 16, 17, 24]
+VT_LANE_LENGTHS = [1, 7, 8, 15, 16, 17, 32, 33, 61, 131, 2053]  # around the 16-step block, and primes
+
+
+def _vt_lanes_and_fused(monkeypatch, **kw):
+    from gaescan.backends import vtrace_numba
+
+    monkeypatch.setattr(vtrace_numba, "SERIAL_MAX_STEPS", 0)
+    got = gaescan.vtrace(**kw, backend="numba")
+    with monkeypatch.context() as m:
+        m.setattr(vtrace_numba, "_lanes_ok", lambda *a: False)
+        fused = gaescan.vtrace(**kw, backend="numba")
+    return got, fused
+
+
+def _vt_same_bits(a, b):
+    return all(np.array_equal(x.view(np.uint32), y.view(np.uint32)) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("T", VT_LANE_LENGTHS)
+@pytest.mark.parametrize("R", VT_LANE_ROWS)
+def test_lanes_kernel_gives_the_fused_kernels_bits(monkeypatch, R, T):
+    from gaescan.kernels import cpu
+
+    calls = []
+    real_call = cpu.Kernel.__call__
+
+    def spy(self, *args):
+        calls.append(self.__name__)
+        return real_call(self, *args)
+
+    monkeypatch.setattr(cpu.Kernel, "__call__", spy)
+    rng = np.random.default_rng(R * 1000 + T)
+    r, v = random_data(rng, (R, T), np.float32), random_data(rng, (R, T), np.float32)
+    kw = dict(rewards=r, values=v, log_rhos=log_ratios(rng, (R, T)), gamma=0.99,
+              last_value=random_data(rng, (R,), np.float32), last_trace=random_data(rng, (R,), np.float32))
+    for extra in (dict(dones=rng.random((R, T)) < 0.05), {},
+                  dict(dones=rng.random((R, T)) < 0.05, lam=0.9, rho_bar=1.5, c_bar=0.8, pg_rho_bar=0.7,
+                       gamma=rng.uniform(0.9, 1.0, (R, 1)).astype(np.float32))):
+        case = {**kw, **extra}
+        calls.clear()
+        got, fused = _vt_lanes_and_fused(monkeypatch, **case)
+        # the lanes run (its last R % 8 rows through the fused kernel), then the fused run
+        assert calls == ["vtrace_lanes"] + (["vtrace_fused"] if R % 8 else []) + ["vtrace_fused"]
+        assert _vt_same_bits(got, fused)
+        ref = gt.vtrace(**case)
+        assert_close(got.vs, ref.vs, np.float32)
+        assert_close(got.advantages, ref.advantages, np.float32)
+
+
+def test_lanes_kernel_nan_stays_in_its_episode(monkeypatch):
+    from gaescan.backends import vtrace_numba
+
+    monkeypatch.setattr(vtrace_numba, "SERIAL_MAX_STEPS", 0)
+    rng = np.random.default_rng(5)
+    R, T, cut = 16, 16 * 20 + 5, 150
+    r, v = random_data(rng, (R, T), np.float32), random_data(rng, (R, T), np.float32)
+    lr = log_ratios(rng, (R, T))
+    d = np.zeros((R, T), bool)
+    d[:, cut] = True
+    r[:, cut + 1:cut + 20] = np.nan
+    v[3, cut + 30] = np.inf
+    lr[5, cut + 40] = np.nan
+    res = gaescan.vtrace(r, v, lr, gamma=0.99, dones=d, backend="numba")
+    assert np.all(np.isfinite(res.vs[:, :cut + 1])) and np.all(np.isfinite(res.advantages[:, :cut + 1]))
+    ref = gt.vtrace(r[:, :cut + 1], v[:, :cut + 1], lr[:, :cut + 1], gamma=0.99, dones=d[:, :cut + 1])
+    assert_close(res.vs[:, :cut + 1], ref.vs, np.float32)
+    assert_close(res.advantages[:, :cut + 1], ref.advantages, np.float32)
+
+
+def test_lanes_kernel_is_thread_count_independent(monkeypatch):
+    import numba
+
+    from gaescan.backends import vtrace_numba
+
+    monkeypatch.setattr(vtrace_numba, "SERIAL_MAX_STEPS", 0)
+    rng = np.random.default_rng(9)
+    r, v = random_data(rng, (40, 1003), np.float32), random_data(rng, (40, 1003), np.float32)
+    kw = dict(log_rhos=log_ratios(rng, (40, 1003)), gamma=0.999, lam=0.99, dones=rng.random((40, 1003)) < 0.01)
+    a1 = gaescan.vtrace(r, v, **kw, backend="numba")
+    n = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        a2 = gaescan.vtrace(r, v, **kw, backend="numba")
+    finally:
+        numba.set_num_threads(n)
+    assert _vt_same_bits(a1, a2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gamma", [0.99, float(np.float32(0.9999999))])
+def test_lanes_kernel_long_rows(monkeypatch, gamma):
+    # 2^17 + 3 steps, and γ just below 1 in float32.
+    rng = np.random.default_rng(17)
+    R, T = 9, (1 << 17) + 3
+    kw = dict(rewards=random_data(rng, (R, T), np.float32), values=random_data(rng, (R, T), np.float32),
+              log_rhos=log_ratios(rng, (R, T)), gamma=gamma, dones=rng.random((R, T)) < 0.001)
+    got, fused = _vt_lanes_and_fused(monkeypatch, **kw)
+    assert _vt_same_bits(got, fused)
+    ref = gt.vtrace(**kw)
+    assert_close(got.vs, ref.vs, np.float32)
+    assert_close(got.advantages, ref.advantages, np.float32)

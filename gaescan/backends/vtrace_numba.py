@@ -9,8 +9,11 @@ are ``(R,)`` columns or zero-stride views.
 
 Dispatch: calls with scalar or per-row γ and λ and no mask or packing take
 the fused kernels: C-contiguous batch-major rows the tiled one
-(``vtrace_fused``), time-major row views whose transposes are C-contiguous
-the one that sweeps the batch at each step (``vtrace_timemajor``).  Every
+(``vtrace_fused``), or, for float32 rows without ``next_values`` above
+``SERIAL_MAX_STEPS`` steps, the one that runs eight rows at a time in SIMD
+lanes (``vtrace_lanes``, the last ``R % 8`` rows in ``vtrace_fused``);
+time-major row views whose transposes are C-contiguous the one that sweeps
+the batch at each step (``vtrace_timemajor``).  Every
 other call (masks, packing, per-step γ or λ, other strides) takes the
 general kernel (``vtrace_rows``), which reads any strides.  Below
 ``SERIAL_MAX_STEPS`` steps a call runs on the calling thread: waking the
@@ -55,6 +58,14 @@ def _contiguous(*xs: Any) -> bool:
     return all(x is None or x.flags.c_contiguous for x in xs)
 
 
+def _lanes_ok(rows: Any, p: VTraceProblem, d: np.ndarray) -> bool:
+    """Whether :func:`~gaescan.kernels.cpu_vtrace.vtrace_lanes` serves a fused
+    batch-major call: float32 rows, at least 8 of them, above
+    ``SERIAL_MAX_STEPS`` steps, no ``next_values``, flags consecutive along time."""
+    return (rows.dtype == np.float32 and rows.R >= 8 and rows.R * rows.T > SERIAL_MAX_STEPS
+            and p.next_values is None and (p.terminated is None or d.strides[1] == 1))
+
+
 def vtrace(p: VTraceProblem) -> None:
     rows = p.rows
     n = rows.R * rows.T
@@ -81,6 +92,16 @@ def vtrace(p: VTraceProblem) -> None:
                 _kernel(k.vtrace_timemajor, n, rows.dtype)(
                     r.T, values.T, lr.T, nv.T, p.next_values is not None, d.T, has_term, tr.T, gcol, lcol, bound,
                     carry, p.rho_bar, p.c_bar, p.pg_rho_bar, p.vs.T, p.advantages.T)
+            elif _lanes_ok(rows, p, d):
+                # Eight rows at a time in SIMD lanes, the last R % 8 rows in pairs.
+                k.vtrace_lanes(r, values, lr, d, has_term, gcol, lcol, bound, carry, p.rho_bar, p.c_bar,
+                               p.pg_rho_bar, p.vs, p.advantages)
+                r8 = rows.R - rows.R % 8
+                if r8 < rows.R:
+                    s = slice(r8, None)
+                    k.vtrace_fused(r[s], values[s], lr[s], values[s], False, d if d is _NO_FLAGS else d[s],
+                                   has_term, tr, gcol[s], lcol[s], bound[s], carry[s], p.rho_bar, p.c_bar,
+                                   p.pg_rho_bar, p.vs[s], p.advantages[s])
             else:
                 _kernel(k.vtrace_fused, n, rows.dtype)(
                     r, values, lr, nv, p.next_values is not None, d, has_term, tr, gcol, lcol, bound,

@@ -168,3 +168,162 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8) -> Any:
         return sig, codegen
 
     return block
+
+
+# exp on <8 x double>: the operations of gaescan.kernels.cpu_vtrace._exp (its
+# constants and steps, in the same order), lane by lane.
+def _exp8(builder: Any, x: Any, fma: Any) -> Any:
+    from .cpu_vtrace import _EXP_MAX, _LN2_HI, _LN2_LO, _LOG2E, _SHIFT
+
+    f64 = ir.DoubleType()
+    v8d = ir.VectorType(f64, 8)
+    v8i = ir.VectorType(ir.IntType(64), 8)
+
+    def c(val):
+        return ir.Constant(v8d, [val] * 8)
+
+    def ci(val):
+        return ir.Constant(v8i, [val] * 8)
+
+    lo = c(-745.5)
+    hi = c(709.9)
+    xc = builder.select(builder.fcmp_ordered(">", x, lo), x, lo)
+    xc = builder.select(builder.fcmp_ordered("<", xc, hi), xc, hi)
+    t = builder.call(fma, [xc, c(_LOG2E), c(_SHIFT)])
+    k = builder.fsub(t, c(_SHIFT))
+    r = builder.fsub(builder.fsub(xc, builder.fmul(k, c(_LN2_HI))), builder.fmul(k, c(_LN2_LO)))
+    r2 = builder.fmul(r, r)
+    r4 = builder.fmul(r2, r2)
+
+    def lin(a, b):  # a + r * b
+        return builder.call(fma, [r, c(b), c(a)])
+
+    s0 = builder.call(fma, [lin(0.5, 1.0 / 6.0), r2, builder.fadd(c(1.0), r)])
+    s1 = builder.call(fma, [lin(1.0 / 720.0, 1.0 / 5040.0), r2, lin(1.0 / 24.0, 1.0 / 120.0)])
+    s2 = builder.call(fma, [lin(1.0 / 3628800.0, 1.0 / 39916800.0), r2, lin(1.0 / 40320.0, 1.0 / 362880.0)])
+    p = builder.call(fma, [c(1.0 / 479001600.0), r4, s2])
+    p = builder.call(fma, [p, r4, s1])
+    p = builder.call(fma, [p, r4, s0])
+    ki = builder.sub(builder.bitcast(t, v8i), builder.bitcast(c(_SHIFT), v8i))
+    # ki >> 1 (arithmetic) as a logical shift of ki + 2048 (|ki| < 2048): AVX2 has no
+    # arithmetic shift of 64-bit lanes.
+    h = builder.sub(builder.lshr(builder.add(ki, ci(2048)), ci(1)), ci(1024))
+    p1 = builder.bitcast(builder.shl(builder.add(h, ci(1023)), ci(52)), v8d)
+    p2 = builder.bitcast(builder.shl(builder.add(builder.sub(ki, h), ci(1023)), ci(52)), v8d)
+    y = builder.fmul(builder.fmul(p, p1), p2)
+    y = builder.select(builder.fcmp_ordered(">", x, c(_EXP_MAX)), c(float("inf")), y)
+    return builder.select(builder.fcmp_unordered("uno", x, x), x, y)
+
+
+def vtrace_lanes_block(has_term: bool, steps: int = 16) -> Any:
+    """The intrinsic ``block(r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb)``.
+
+    V-trace on steps ``t0 + steps - 1`` down to ``t0`` (``steps`` a multiple
+    of 8) of rows ``i0 .. i0 + 7`` of the float32 arrays ``r``, ``v``, ``lr``
+    (rewards, values, log-ratios; read), ``vs``, ``adv`` (written) and, with
+    ``has_term``, the uint8 flags ``term``.  ``sx`` (the trace ``D`` after
+    the block), ``sv`` (the value after the block), ``g8`` (γ) and ``gl8``
+    (γλ) are float64 arrays of one element per row, the first two updated in
+    place; ``rb``, ``cb``, ``pb`` are the clipping thresholds (float64).
+
+    Per step, on ``<8 x double>``, the terms of the V-trace fast path
+    (:mod:`gaescan.kernels.cpu_vtrace`): ``e = exp(lr)``, the bracket
+    ``w = r + γV' − v`` (``r − v`` at a done), ``δ = min(ρ̄, e)·w``, the
+    carry ``D = δ + γλ·min(c̄, e)·D'`` (``D = δ`` at a done: a select, so a
+    NaN beyond the episode's end never reaches it), ``vs = v + D`` and the
+    advantage ``min(ρ̄pg, e)·(w + γ·D')`` (``D'`` taken as 0 at a done).
+    """
+    @intrinsic
+    def block(typingctx, r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb):
+        sig = types.void(r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb)
+
+        def codegen(context, builder, signature, args):
+            st = signature.args
+            intp = context.get_value_type(types.intp)
+            i0_, t0_ = args[6], args[7]
+            f32 = ir.FloatType()
+            f64 = ir.DoubleType()
+            v8f = ir.VectorType(f32, 8)
+            v8d = ir.VectorType(f64, 8)
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8d, [v8d] * 3),
+                                                 "llvm.fma.v8f64")
+
+            def base(k):
+                a = context.make_array(st[k])(context, builder, args[k])
+                row_stride = cgutils.unpack_tuple(builder, a.strides, 2)[0]
+                return builder.ptrtoint(a.data, intp), row_stride
+
+            bases = {k: base(k) for k in range(6)}
+
+            def at(k, q, ty, itemsize, h=0):
+                start, row_stride = bases[k]
+                off = builder.add(builder.mul(builder.add(i0_, ir.Constant(intp, q)), row_stride),
+                                  builder.mul(builder.add(t0_, ir.Constant(intp, h)), ir.Constant(intp, itemsize)))
+                return builder.inttoptr(builder.add(start, off), ty.as_pointer())
+
+            def vec(k):
+                a = context.make_array(st[k])(context, builder, args[k])
+                return builder.bitcast(a.data, v8d.as_pointer())
+
+            def steps_of(k, ty, itemsize, conv):
+                out = []
+                for h in range(0, steps, 8):
+                    rows = [builder.load(at(k, q, ty, itemsize, h), align=itemsize) for q in range(8)]
+                    rows = rows if conv is None else [conv(x) for x in rows]
+                    out += transpose8(builder, rows)
+                return out
+
+            def wide(x):
+                return builder.fpext(x, v8d)
+
+            R = steps_of(0, v8f, 4, None)
+            V = steps_of(1, v8f, 4, None)
+            LR = steps_of(2, v8f, 4, None)
+            if has_term:
+                D = steps_of(3, ir.VectorType(ir.IntType(8), 8), 1, lambda x: builder.zext(x, _I32x8))
+            px, pv = vec(8), vec(9)
+            x = builder.load(px, align=8)
+            vn = builder.load(pv, align=8)
+            g = builder.load(vec(10), align=8)
+            gl = builder.load(vec(11), align=8)
+
+            def splat(val):
+                return builder.insert_element(ir.Constant(v8d, ir.Undefined), val, ir.Constant(ir.IntType(32), 0))
+
+            zi = ir.Constant(_I32x8, [0] * 8)
+            bars = [builder.shuffle_vector(splat(b), ir.Constant(v8d, ir.Undefined), zi) for b in args[12:15]]
+            rb, cb, pb = bars
+            zero = ir.Constant(v8d, [0.0] * 8)
+
+            def clip(bar, e):
+                # min(bar, e) keeping a NaN e.
+                return builder.select(builder.fcmp_ordered("<", bar, e), bar, e)
+
+            out_s, out_a = [None] * steps, [None] * steps
+            for s in range(steps - 1, -1, -1):
+                rt, vt, e = wide(R[s]), wide(V[s]), _exp8(builder, wide(LR[s]), fma)
+                w = builder.fsub(builder.call(fma, [g, vn, rt]), vt)
+                cw = builder.fmul(gl, clip(cb, e))
+                if has_term:
+                    dn = builder.icmp_unsigned("!=", D[s], zi)
+                    w = builder.select(dn, builder.fsub(rt, vt), w)
+                    cw = builder.select(dn, zero, cw)
+                    xm = builder.select(dn, zero, x)
+                else:
+                    xm = x
+                a = builder.fmul(clip(pb, e), builder.call(fma, [g, xm, w]))
+                x = builder.call(fma, [cw, xm, builder.fmul(clip(rb, e), w)])
+                out_s[s] = builder.fptrunc(builder.fadd(vt, x), v8f)
+                out_a[s] = builder.fptrunc(a, v8f)
+                vn = vt
+            builder.store(x, px, align=8)
+            builder.store(vn, pv, align=8)
+            for k, cols in ((4, out_s), (5, out_a)):
+                for h in range(0, steps, 8):
+                    for q, row in enumerate(transpose8(builder, cols[h:h + 8])):
+                        builder.store(row, at(k, q, v8f, 4, h), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return block

@@ -39,6 +39,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from ._lanes import vtrace_lanes_block
 from .cpu import _CU, Kernel, _pair, _ro
 
 _FLOATS = (types.float32, types.float64)
@@ -381,6 +382,76 @@ def vtrace_fused(r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, car
     packing.  Rows in pairs, pairs in parallel."""
     for u in prange((r.shape[0] + 1) // 2):
         _fused_unit(u, r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, carry, rb, cb, pb, vs, adv)
+
+
+# --------------------------------------------------------------------------- eight rows in SIMD lanes
+#
+# Float32 batch-major rows contiguous along time, plain or with terminations
+# (no next_values), scalar or per-row γ and λ: eight rows per SIMD register in
+# blocks of 16 steps (:func:`gaescan.kernels._lanes.vtrace_lanes_block`), with no
+# scratch: the terms, the exponential, the chain and both outputs of a block
+# stay in registers.
+
+_LANE_STEPS = 16
+_vlanes_term = vtrace_lanes_block(True, _LANE_STEPS)
+_vlanes_plain = vtrace_lanes_block(False, _LANE_STEPS)
+_F4T = types.float32
+
+
+@_kernel([types.void(_ro(_F4T, 2), _ro(_F4T, 2), _ro(_F4T, 2), _ro(types.uint8, 2), types.boolean,
+                     _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), types.float64, types.float64,
+                     types.float64, types.Array(_F4T, 2, "A"), types.Array(_F4T, 2, "A")), None],
+         parallel=True, fastmath=_FM)
+def vtrace_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, cb, pb, vs, adv):
+    """V-trace on float32 rows contiguous along time, plain or with
+    terminations (``d``, read when ``has_term``), eight rows at a time in SIMD
+    lanes: rows ``0 .. 8·(R // 8) − 1`` (the caller runs the others through
+    :func:`vtrace_fused`).
+
+    Each group of 8 rows first runs its last ``T % 16`` steps one row at a
+    time, then its blocks of 16 steps from the end, each one call of the
+    ``_vlanes_*`` block, with the same terms in the same order.  ``bound`` and
+    ``carry`` are ``last_value`` and ``last_trace`` per row.
+    """
+    R, T = r.shape
+    tail = T % _LANE_STEPS
+    tb = T - tail
+    for grp in prange(R // 8):
+        i0 = grp * 8
+        sx = np.empty(8, _f8)
+        sv = np.empty(8, _f8)
+        g8 = np.empty(8, _f8)
+        gl8 = np.empty(8, _f8)
+        for q in range(8):
+            i = i0 + q
+            g = _f8(gcol[i])
+            gl = g * _f8(lcol[i])
+            x = _f8(carry[i])
+            vn = _f8(bound[i])
+            for j in range(tail):
+                t = T - 1 - j
+                rt = _f8(r[i, t])
+                vt = _f8(v[i, t])
+                e = _exp(_f8(lr[i, t]))
+                tm = has_term and d[i, t] != 0
+                w = rt - vt if tm else g * vn + rt - vt
+                cw = 0.0 if tm else gl * _clip(cb, e)
+                xm = 0.0 if tm else x
+                a = _clip(pb, e) * (g * xm + w)
+                x = cw * xm + _clip(rb, e) * w
+                vs[i, t] = np.float32(vt + x)
+                adv[i, t] = np.float32(a)
+                vn = vt
+            sx[q] = x
+            sv[q] = vn
+            g8[q] = g
+            gl8[q] = gl
+        for b in range(tb // _LANE_STEPS):
+            t0 = tb - _LANE_STEPS * (b + 1)
+            if has_term:
+                _vlanes_term(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb)
+            else:
+                _vlanes_plain(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb)
 
 
 # --------------------------------------------------------------------------- time-major fast path

@@ -1,0 +1,87 @@
+"""Batch-major float32 V-trace with eight rows in SIMD lanes (the default) against rows in pairs.
+
+Run: ``python benchmarks/vtrace_lanes_bench.py [--repeat N] [--rounds N]``.
+
+``gaescan.vtrace`` on float32 ``[256, 131072]`` rows, plain and with dones,
+runs :func:`gaescan.kernels.cpu_vtrace.vtrace_lanes` (eight rows per SIMD
+register, see :mod:`gaescan.kernels._lanes`).  The same process times the
+kernel it replaces, :func:`gaescan.kernels.cpu_vtrace.vtrace_fused` (two rows
+per loop), on the same inputs into the same preallocated outputs, the two
+calls in turn (medians of each), and a STREAM triad over the same element
+count, round after round.  Before timing, the script checks that both give
+the same bits.  Figures are per machine: commit the output under
+``benchmarks/results/`` with the CPU model in the file name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import gaescan
+from gaescan.kernels import cpu_vtrace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_bench import _triad_bw, machine  # noqa: E402
+from lanes_bench import _alternating  # noqa: E402
+
+GAMMA, RHO_BAR, C_BAR = 0.99, 1.0, 1.0
+
+
+def pairs(r, v, lr, d8, has_term, vs, adv):
+    """The pair kernel on the arrays ``gaescan.vtrace`` hands the lanes kernel
+    (γ=0.99, λ=1, ρ̄=c̄=ρ̄_pg=1, ``last_value`` and ``last_trace`` 0)."""
+    R = r.shape[0]
+    gcol, lcol = np.full(R, GAMMA, np.float32), np.ones(R, np.float32)
+    zero = np.zeros(R, np.float32)
+    nf = np.zeros((1, 1), np.uint8)
+    cpu_vtrace.vtrace_fused(r, v, lr, v, False, d8 if has_term else nf, has_term, nf, gcol, lcol, zero, zero,
+                            RHO_BAR, C_BAR, RHO_BAR, vs, adv)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args(argv)
+    R, T = 256, 131072
+    rng = np.random.default_rng(0)
+    r = rng.standard_normal((R, T), dtype=np.float32)
+    v = rng.standard_normal((R, T), dtype=np.float32)
+    lr = (0.3 * rng.standard_normal((R, T))).astype(np.float32)
+    d = rng.random((R, T)) < 0.01
+    d8 = d.view(np.uint8)
+    vs, adv = np.empty_like(r), np.empty_like(r)
+    vs2, adv2 = np.empty_like(r), np.empty_like(r)
+
+    def lanes(has):
+        gaescan.vtrace(r, v, lr, gamma=GAMMA, dones=d if has else None, out=(vs, adv))
+
+    for has in (True, False):
+        lanes(has)
+        pairs(r, v, lr, d8, has, vs2, adv2)
+        if not (np.array_equal(vs.view(np.uint32), vs2.view(np.uint32))
+                and np.array_equal(adv.view(np.uint32), adv2.view(np.uint32))):
+            raise SystemExit(f"lanes and pairs differ: dones={has}")
+    print(f"# python benchmarks/vtrace_lanes_bench.py --repeat {args.repeat} --rounds {args.rounds}")
+    print(f"# {machine()}")
+    print(f"# [{R}, {T}] float32, gamma={GAMMA}; bits: lanes == pairs in both cases; medians of {args.repeat}, "
+          "the two kernels timed in turn;")
+    print("# x triad = bytes one pass moves (20 per step, 21 with dones) / time / triad GB/s of the same round")
+    print(f"{'round':>5s} {'triad GB/s':>10s} {'dones':>5s} {'pairs ms':>9s} {'x triad':>7s} "
+          f"{'lanes ms':>9s} {'x triad':>7s} {'pairs/lanes':>11s}")
+    for k in range(args.rounds):
+        tri = _triad_bw(R * T, args.repeat)
+        for has in (True, False):
+            nbytes = R * T * (21 if has else 20)
+            t_p, t_l = _alternating(lambda has=has: pairs(r, v, lr, d8, has, vs2, adv2),
+                                    lambda has=has: lanes(has), args.repeat)
+            print(f"{k + 1:5d} {tri:10.1f} {has!s:>5s} {t_p * 1e3:9.1f} {nbytes / t_p / 1e9 / tri:7.2f} "
+                  f"{t_l * 1e3:9.1f} {nbytes / t_l / 1e9 / tri:7.2f} {t_p / t_l:11.2f}")
+
+
+if __name__ == "__main__":
+    main()
