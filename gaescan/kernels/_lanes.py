@@ -72,6 +72,53 @@ def transpose8(builder: Any, rows: list[Any]) -> list[Any]:
     return cols
 
 
+class _Block:
+    """Addresses of one block inside an intrinsic's codegen: ``arrays`` are the
+    indices of the 2-D arguments (contiguous along time), ``i0`` and ``t0``
+    the block's first row and step."""
+
+    def __init__(self, context: Any, builder: Any, signature: Any, args: Any, arrays: range, i0: Any,
+                 t0: Any) -> None:
+        self.context, self.builder, self.args, self.st = context, builder, args, signature.args
+        self.intp = context.get_value_type(types.intp)
+        self.i0, self.t0 = i0, t0
+        self.bases = {}
+        for k in arrays:
+            a = context.make_array(self.st[k])(context, builder, args[k])
+            row_stride = cgutils.unpack_tuple(builder, a.strides, 2)[0]
+            self.bases[k] = builder.ptrtoint(a.data, self.intp), row_stride
+
+    def at(self, k: int, q: int, ty: Any, itemsize: int, h: int = 0) -> Any:
+        """``&array_k[i0 + q, t0 + h]`` as a pointer to ``ty``."""
+        b, intp = self.builder, self.intp
+        start, row_stride = self.bases[k]
+        off = b.add(b.mul(b.add(self.i0, ir.Constant(intp, q)), row_stride),
+                    b.mul(b.add(self.t0, ir.Constant(intp, h)), ir.Constant(intp, itemsize)))
+        return b.inttoptr(b.add(start, off), ty.as_pointer())
+
+    def vec(self, k: int, ty: Any) -> Any:
+        """The data of the 1-D argument ``k`` as a pointer to ``ty``."""
+        a = self.context.make_array(self.st[k])(self.context, self.builder, self.args[k])
+        return self.builder.bitcast(a.data, ty.as_pointer())
+
+    def steps_of(self, k: int, ty: Any, itemsize: int, steps: int, conv: Any = None) -> list[Any]:
+        """Vector ``s``: step ``t0 + s`` of the 8 rows of array ``k``, for ``s < steps``."""
+        out = []
+        for h in range(0, steps, 8):
+            rows = []
+            for q in range(8):
+                x = self.builder.load(self.at(k, q, ty, itemsize, h), align=itemsize)
+                rows.append(conv(x) if conv is not None else x)
+            out += transpose8(self.builder, rows)
+        return out
+
+    def store_steps(self, k: int, cols: list[Any], v8f: Any) -> None:
+        """Vector ``s`` of ``cols`` to step ``t0 + s`` of the 8 float32 rows of array ``k``."""
+        for h in range(0, len(cols), 8):
+            for q, row in enumerate(transpose8(self.builder, cols[h:h + 8])):
+                self.builder.store(row, self.at(k, q, v8f, 4, h), align=4)
+
+
 def lanes_block(has_term: bool, wide: bool, steps: int = 8) -> Any:
     """The intrinsic ``block(r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8)``.
 
@@ -89,9 +136,7 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8) -> Any:
         sig = types.void(r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8)
 
         def codegen(context, builder, signature, args):
-            st = signature.args
-            intp = context.get_value_type(types.intp)
-            i0_, t0_ = args[5], args[6]
+            blk = _Block(context, builder, signature, args, range(5), args[5], args[6])
             f32 = ir.FloatType()
             v8f = ir.VectorType(f32, 8)
             v8s = ir.VectorType(ir.DoubleType() if wide else f32, 8)
@@ -100,44 +145,15 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8) -> Any:
             fma_s = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8s, [v8s] * 3),
                                                    "llvm.fma.v8f64" if wide else "llvm.fma.v8f32")
 
-            def base(k):
-                a = context.make_array(st[k])(context, builder, args[k])
-                row_stride = cgutils.unpack_tuple(builder, a.strides, 2)[0]
-                return builder.ptrtoint(a.data, intp), row_stride
-
-            bases = {k: base(k) for k in range(5)}
-
-            def at(k, q, ty, itemsize, h=0):
-                # &array[i0 + q, t0 + h]: the array is contiguous along time.
-                start, row_stride = bases[k]
-                off = builder.add(builder.mul(builder.add(i0_, ir.Constant(intp, q)), row_stride),
-                                  builder.mul(builder.add(t0_, ir.Constant(intp, h)), ir.Constant(intp, itemsize)))
-                return builder.inttoptr(builder.add(start, off), ty.as_pointer())
-
-            def vec(k, ty):
-                a = context.make_array(st[k])(context, builder, args[k])
-                return builder.bitcast(a.data, ty.as_pointer())
-
-            def steps_of(k, ty, itemsize, conv=None):
-                # Vector s: step t0 + s of the 8 rows, for s < steps.
-                out = []
-                for h in range(0, steps, 8):
-                    rows = []
-                    for q in range(8):
-                        x = builder.load(at(k, q, ty, itemsize, h), align=itemsize)
-                        rows.append(conv(x) if conv is not None else x)
-                    out += transpose8(builder, rows)
-                return out
-
-            R = steps_of(0, v8f, 4)
-            V = steps_of(1, v8f, 4)
+            R = blk.steps_of(0, v8f, 4, steps)
+            V = blk.steps_of(1, v8f, 4, steps)
             if has_term:
-                D = steps_of(2, ir.VectorType(ir.IntType(8), 8), 1, lambda x: builder.zext(x, _I32x8))
-            pa, pv = vec(7, v8s), vec(8, v8f)
+                D = blk.steps_of(2, ir.VectorType(ir.IntType(8), 8), 1, steps, lambda x: builder.zext(x, _I32x8))
+            pa, pv = blk.vec(7, v8s), blk.vec(8, v8f)
             A = builder.load(pa, align=8 if wide else 4)
             vn = builder.load(pv, align=4)
-            g = builder.load(vec(9, v8f), align=4)
-            gl = builder.load(vec(10, v8s), align=8 if wide else 4)
+            g = builder.load(blk.vec(9, v8f), align=4)
+            gl = builder.load(blk.vec(10, v8s), align=8 if wide else 4)
             zero = ir.Constant(_I32x8, [0] * 8)
 
             def widen(x):
@@ -159,10 +175,8 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8) -> Any:
                 vn = vt
             builder.store(A, pa, align=8 if wide else 4)
             builder.store(vn, pv, align=4)
-            for k, cols in ((3, out_a), (4, out_r)):
-                for h in range(0, steps, 8):
-                    for q, row in enumerate(transpose8(builder, cols[h:h + 8])):
-                        builder.store(row, at(k, q, v8f, 4, h), align=4)
+            blk.store_steps(3, out_a, v8f)
+            blk.store_steps(4, out_r, v8f)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -238,9 +252,7 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16) -> Any:
         sig = types.void(r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb)
 
         def codegen(context, builder, signature, args):
-            st = signature.args
-            intp = context.get_value_type(types.intp)
-            i0_, t0_ = args[6], args[7]
+            blk = _Block(context, builder, signature, args, range(6), args[6], args[7])
             f32 = ir.FloatType()
             f64 = ir.DoubleType()
             v8f = ir.VectorType(f32, 8)
@@ -248,44 +260,19 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16) -> Any:
             fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8d, [v8d] * 3),
                                                  "llvm.fma.v8f64")
 
-            def base(k):
-                a = context.make_array(st[k])(context, builder, args[k])
-                row_stride = cgutils.unpack_tuple(builder, a.strides, 2)[0]
-                return builder.ptrtoint(a.data, intp), row_stride
-
-            bases = {k: base(k) for k in range(6)}
-
-            def at(k, q, ty, itemsize, h=0):
-                start, row_stride = bases[k]
-                off = builder.add(builder.mul(builder.add(i0_, ir.Constant(intp, q)), row_stride),
-                                  builder.mul(builder.add(t0_, ir.Constant(intp, h)), ir.Constant(intp, itemsize)))
-                return builder.inttoptr(builder.add(start, off), ty.as_pointer())
-
-            def vec(k):
-                a = context.make_array(st[k])(context, builder, args[k])
-                return builder.bitcast(a.data, v8d.as_pointer())
-
-            def steps_of(k, ty, itemsize, conv):
-                out = []
-                for h in range(0, steps, 8):
-                    rows = [builder.load(at(k, q, ty, itemsize, h), align=itemsize) for q in range(8)]
-                    rows = rows if conv is None else [conv(x) for x in rows]
-                    out += transpose8(builder, rows)
-                return out
-
             def wide(x):
                 return builder.fpext(x, v8d)
 
-            R = steps_of(0, v8f, 4, None)
-            V = steps_of(1, v8f, 4, None)
-            LR = steps_of(2, v8f, 4, None)
+            R = blk.steps_of(0, v8f, 4, steps)
+            V = blk.steps_of(1, v8f, 4, steps)
+            LR = blk.steps_of(2, v8f, 4, steps)
             if has_term:
-                D = steps_of(3, ir.VectorType(ir.IntType(8), 8), 1, lambda x: builder.zext(x, _I32x8))
-            px, pv = vec(8), vec(9)
+                D = blk.steps_of(3, ir.VectorType(ir.IntType(8), 8), 1, steps, lambda x: builder.zext(x, _I32x8))
+            px, pv = blk.vec(8, v8d), blk.vec(9, v8d)
             x = builder.load(px, align=8)
             vn = builder.load(pv, align=8)
-            g = builder.load(vec(10), align=8)
-            gl = builder.load(vec(11), align=8)
+            g = builder.load(blk.vec(10, v8d), align=8)
+            gl = builder.load(blk.vec(11, v8d), align=8)
 
             def splat(val):
                 return builder.insert_element(ir.Constant(v8d, ir.Undefined), val, ir.Constant(ir.IntType(32), 0))
@@ -318,10 +305,8 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16) -> Any:
                 vn = vt
             builder.store(x, px, align=8)
             builder.store(vn, pv, align=8)
-            for k, cols in ((4, out_s), (5, out_a)):
-                for h in range(0, steps, 8):
-                    for q, row in enumerate(transpose8(builder, cols[h:h + 8])):
-                        builder.store(row, at(k, q, v8f, 4, h), align=4)
+            blk.store_steps(4, out_s, v8f)
+            blk.store_steps(5, out_a, v8f)
             return context.get_dummy_value()
 
         return sig, codegen
