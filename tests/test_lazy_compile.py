@@ -113,7 +113,8 @@ def test_kernels_are_lazy_and_closed():
     for k in cpu.all_kernels():
         assert isinstance(k, cpu.Kernel)
         # the kernels of eight float32 rows in SIMD lanes are float32 only
-        want = ["float32"] if k.__name__ in ("gae_lanes", "vtrace_lanes") else ["float32", "float64"]
+        lanes = ("gae_lanes", "vtrace_lanes", "vtrace_timemajor_lanes")
+        want = ["float32"] if k.__name__ in lanes else ["float32", "float64"]
         assert sorted(str(d) for d in k.signatures) == want
     with pytest.raises(TypeError, match="float32 or float64"):
         cpu.scan_rows.compile(np.float16)
@@ -121,6 +122,8 @@ def test_kernels_are_lazy_and_closed():
         cpu.gae_lanes.compile(np.float64)
     with pytest.raises(TypeError, match="takes float32$"):
         cpu_vtrace.vtrace_lanes.compile(np.float64)
+    with pytest.raises(TypeError, match="takes float32$"):
+        cpu_vtrace.vtrace_timemajor_lanes.compile(np.float64)
 
 
 @pytest.mark.slow

@@ -593,3 +593,96 @@ def test_lanes_kernel_long_rows(monkeypatch, gamma):
     ref = gt.vtrace(**kw)
     assert_close(got.vs, ref.vs, np.float32)
     assert_close(got.advantages, ref.advantages, np.float32)
+
+
+# --------------------------------------------------------------------------- time-major lanes
+# vtrace_timemajor_lanes (float32 time-major arrays, axis=0, the same terms as
+# vtrace_lanes) runs eight batch columns at a time with the batch-major lanes block's
+# operations, and the last R % 8 columns one at a time: it gives the batch-major
+# lanes call's bits on the transposed arrays.
+
+
+def _transposed(kw):
+    return {k: np.ascontiguousarray(x.T) if isinstance(x, np.ndarray) and x.ndim == 2 else x
+            for k, x in kw.items()}
+
+
+@pytest.mark.parametrize("T", VT_LANE_LENGTHS)
+@pytest.mark.parametrize("R", [8, 9, 15, 16, 17, 24, 70])
+def test_timemajor_lanes_kernel_gives_the_batch_major_lanes_bits(monkeypatch, R, T):
+    from gaescan.backends import vtrace_numba
+    from gaescan.kernels import cpu
+
+    monkeypatch.setattr(vtrace_numba, "SERIAL_MAX_STEPS", 0)
+    calls = []
+    real_call = cpu.Kernel.__call__
+
+    def spy(self, *args):
+        calls.append(self.__name__)
+        return real_call(self, *args)
+
+    monkeypatch.setattr(cpu.Kernel, "__call__", spy)
+    rng = np.random.default_rng(R * 7 + T)
+    kw = dict(rewards=random_data(rng, (T, R), np.float32), values=random_data(rng, (T, R), np.float32),
+              log_rhos=log_ratios(rng, (T, R)), gamma=0.99, last_value=random_data(rng, (R,), np.float32),
+              last_trace=random_data(rng, (R,), np.float32))
+    for extra in (dict(dones=rng.random((T, R)) < 0.05), {},
+                  dict(dones=rng.random((T, R)) < 0.05, lam=0.9, rho_bar=1.5, c_bar=0.8, pg_rho_bar=0.7,
+                       gamma=rng.uniform(0.9, 1.0, (1, R)).astype(np.float32))):
+        case = {**kw, **extra}
+        calls.clear()
+        got = gaescan.vtrace(**case, axis=0, backend="numba")
+        if T > 1:
+            assert calls == ["vtrace_timemajor_lanes"]
+        else:  # one step: no time stride to sweep, the batch-major kernels run
+            assert "vtrace_timemajor_lanes" not in calls
+        bm = _transposed(case)
+        if isinstance(bm["gamma"], np.ndarray):
+            bm["gamma"] = np.ascontiguousarray(case["gamma"].T)
+        want = gaescan.vtrace(**bm, backend="numba")
+        assert _vt_same_bits((got.vs.T, got.advantages.T), want)
+        ref = gt.vtrace(**case, axis=0)
+        assert_close(got.vs, ref.vs, np.float32)
+        assert_close(got.advantages, ref.advantages, np.float32)
+
+
+def test_timemajor_lanes_kernel_nan_stays_in_its_episode(monkeypatch):
+    from gaescan.backends import vtrace_numba
+
+    monkeypatch.setattr(vtrace_numba, "SERIAL_MAX_STEPS", 0)
+    rng = np.random.default_rng(6)
+    R, T, cut = 19, 16 * 20 + 5, 150
+    r, v = random_data(rng, (T, R), np.float32), random_data(rng, (T, R), np.float32)
+    lr = log_ratios(rng, (T, R))
+    d = np.zeros((T, R), bool)
+    d[cut] = True
+    r[cut + 1:cut + 20] = np.nan
+    v[cut + 30, 3] = np.inf
+    lr[cut + 40, 18] = np.nan
+    res = gaescan.vtrace(r, v, lr, gamma=0.99, dones=d, axis=0, backend="numba")
+    assert np.all(np.isfinite(res.vs[:cut + 1])) and np.all(np.isfinite(res.advantages[:cut + 1]))
+    ref = gt.vtrace(r[:cut + 1], v[:cut + 1], lr[:cut + 1], gamma=0.99, dones=d[:cut + 1], axis=0)
+    assert_close(res.vs[:cut + 1], ref.vs, np.float32)
+    assert_close(res.advantages[:cut + 1], ref.advantages, np.float32)
+
+
+def test_timemajor_lanes_kernel_is_thread_count_independent(monkeypatch):
+    import numba
+
+    from gaescan.backends import vtrace_numba
+
+    monkeypatch.setattr(vtrace_numba, "SERIAL_MAX_STEPS", 0)
+    rng = np.random.default_rng(10)
+    T, R = 1003, 300  # units of 80 columns: 4 units, the last one short
+    r, v = random_data(rng, (T, R), np.float32), random_data(rng, (T, R), np.float32)
+    kw = dict(log_rhos=log_ratios(rng, (T, R)), gamma=0.999, lam=0.99, dones=rng.random((T, R)) < 0.01, axis=0)
+    a1 = gaescan.vtrace(r, v, **kw, backend="numba")
+    n = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        a2 = gaescan.vtrace(r, v, **kw, backend="numba")
+    finally:
+        numba.set_num_threads(n)
+    assert _vt_same_bits(a1, a2)
+    ref = gt.vtrace(r, v, **kw)
+    assert_close(a1.vs, ref.vs, np.float32)

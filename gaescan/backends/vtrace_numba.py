@@ -13,7 +13,9 @@ the fused kernels: C-contiguous batch-major rows the tiled one
 ``SERIAL_MAX_STEPS`` steps, the one that runs eight rows at a time in SIMD
 lanes (``vtrace_lanes``, the last ``R % 8`` rows in ``vtrace_fused``);
 time-major row views whose transposes are C-contiguous the one that sweeps
-the batch at each step (``vtrace_timemajor``).  Every
+the batch at each step (``vtrace_timemajor``), or, on the same terms as
+``vtrace_lanes``, the one that runs eight batch columns at a time in SIMD
+lanes (``vtrace_timemajor_lanes``).  Every
 other call (masks, packing, per-step γ or λ, other strides) takes the
 general kernel (``vtrace_rows``), which reads any strides.  Below
 ``SERIAL_MAX_STEPS`` steps a call runs on the calling thread: waking the
@@ -58,12 +60,14 @@ def _contiguous(*xs: Any) -> bool:
     return all(x is None or x.flags.c_contiguous for x in xs)
 
 
-def _lanes_ok(rows: Any, p: VTraceProblem, d: np.ndarray) -> bool:
-    """Whether :func:`~gaescan.kernels.cpu_vtrace.vtrace_lanes` serves a fused
-    batch-major call: float32 rows, at least 8 of them, above
-    ``SERIAL_MAX_STEPS`` steps, no ``next_values``, flags consecutive along time."""
+def _lanes_ok(rows: Any, p: VTraceProblem, d: np.ndarray, time_major: bool = False) -> bool:
+    """Whether a SIMD-lanes kernel serves a fused call: float32 rows, at least
+    8 of them, above ``SERIAL_MAX_STEPS`` steps, no ``next_values``, flags
+    consecutive along time (:func:`~gaescan.kernels.cpu_vtrace.vtrace_lanes`)
+    or, with ``time_major``, along the batch
+    (:func:`~gaescan.kernels.cpu_vtrace.vtrace_timemajor_lanes`)."""
     return (rows.dtype == np.float32 and rows.R >= 8 and rows.R * rows.T > SERIAL_MAX_STEPS
-            and p.next_values is None and (p.terminated is None or d.strides[1] == 1))
+            and p.next_values is None and (p.terminated is None or d.strides[0 if time_major else 1] == 1))
 
 
 def vtrace(p: VTraceProblem) -> None:
@@ -88,7 +92,11 @@ def vtrace(p: VTraceProblem) -> None:
                 d = _NO_FLAGS if p.terminated is None else _flag8(p.terminated)
                 has_term, tr = p.terminated is not None, _NO_FLAGS
             nv = values if nv is None else nv
-            if tm:
+            if tm and _lanes_ok(rows, p, d, time_major=True):
+                # Eight batch columns at a time in SIMD lanes.
+                k.vtrace_timemajor_lanes(r.T, values.T, lr.T, d.T, has_term, gcol, lcol, bound, carry, p.rho_bar,
+                                         p.c_bar, p.pg_rho_bar, p.vs.T, p.advantages.T)
+            elif tm:
                 _kernel(k.vtrace_timemajor, n, rows.dtype)(
                     r.T, values.T, lr.T, nv.T, p.next_values is not None, d.T, has_term, tr.T, gcol, lcol, bound,
                     carry, p.rho_bar, p.c_bar, p.pg_rho_bar, p.vs.T, p.advantages.T)

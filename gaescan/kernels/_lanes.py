@@ -74,11 +74,15 @@ def transpose8(builder: Any, rows: list[Any]) -> list[Any]:
 
 class _Block:
     """Addresses of one block inside an intrinsic's codegen: ``arrays`` are the
-    indices of the 2-D arguments (contiguous along time), ``i0`` and ``t0``
-    the block's first row and step."""
+    indices of the 2-D arguments, ``i0`` and ``t0`` the block's first row and
+    step.  Batch-major arrays are ``[row, step]``, contiguous along time: each
+    row's steps load as one vector and 8 x 8 transposes turn rows into steps.
+    Time-major arrays (``time_major``) are ``[step, row]``, contiguous along
+    rows: each step of the 8 rows loads as one vector."""
 
     def __init__(self, context: Any, builder: Any, signature: Any, args: Any, arrays: range, i0: Any,
-                 t0: Any) -> None:
+                 t0: Any, time_major: bool = False) -> None:
+        self.time_major = time_major
         self.context, self.builder, self.args, self.st = context, builder, args, signature.args
         self.intp = context.get_value_type(types.intp)
         self.i0, self.t0 = i0, t0
@@ -89,11 +93,13 @@ class _Block:
             self.bases[k] = builder.ptrtoint(a.data, self.intp), row_stride
 
     def at(self, k: int, q: int, ty: Any, itemsize: int, h: int = 0) -> Any:
-        """``&array_k[i0 + q, t0 + h]`` as a pointer to ``ty``."""
+        """``&array_k[i0 + q, t0 + h]`` (batch-major) or ``&array_k[t0 + h, i0 + q]``
+        (time-major) as a pointer to ``ty``."""
         b, intp = self.builder, self.intp
-        start, row_stride = self.bases[k]
-        off = b.add(b.mul(b.add(self.i0, ir.Constant(intp, q)), row_stride),
-                    b.mul(b.add(self.t0, ir.Constant(intp, h)), ir.Constant(intp, itemsize)))
+        start, stride = self.bases[k]
+        major, minor = (self.t0, self.i0) if self.time_major else (self.i0, self.t0)
+        off = b.add(b.mul(b.add(major, ir.Constant(intp, h if self.time_major else q)), stride),
+                    b.mul(b.add(minor, ir.Constant(intp, q if self.time_major else h)), ir.Constant(intp, itemsize)))
         return b.inttoptr(b.add(start, off), ty.as_pointer())
 
     def vec(self, k: int, ty: Any) -> Any:
@@ -103,6 +109,9 @@ class _Block:
 
     def steps_of(self, k: int, ty: Any, itemsize: int, steps: int, conv: Any = None) -> list[Any]:
         """Vector ``s``: step ``t0 + s`` of the 8 rows of array ``k``, for ``s < steps``."""
+        if self.time_major:
+            vecs = [self.builder.load(self.at(k, 0, ty, itemsize, s), align=itemsize) for s in range(steps)]
+            return vecs if conv is None else [conv(x) for x in vecs]
         out = []
         for h in range(0, steps, 8):
             rows = []
@@ -114,6 +123,10 @@ class _Block:
 
     def store_steps(self, k: int, cols: list[Any], v8f: Any) -> None:
         """Vector ``s`` of ``cols`` to step ``t0 + s`` of the 8 float32 rows of array ``k``."""
+        if self.time_major:
+            for s, col in enumerate(cols):
+                self.builder.store(col, self.at(k, 0, v8f, 4, s), align=4)
+            return
         for h in range(0, len(cols), 8):
             for q, row in enumerate(transpose8(self.builder, cols[h:h + 8])):
                 self.builder.store(row, self.at(k, q, v8f, 4, h), align=4)
@@ -270,11 +283,12 @@ def _exp8_mixed(builder: Any, x: Any, fma32: Any, fma: Any) -> Any:
     return builder.select(builder.fcmp_unordered("uno", xd, xd), xd, y)
 
 
-def vtrace_lanes_block(has_term: bool, steps: int = 16) -> Any:
+def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False) -> Any:
     """The intrinsic ``block(r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb)``.
 
     V-trace on steps ``t0 + steps - 1`` down to ``t0`` (``steps`` a multiple
-    of 8) of rows ``i0 .. i0 + 7`` of the float32 arrays ``r``, ``v``, ``lr``
+    of 8) of rows ``i0 .. i0 + 7`` (``[row, step]`` arrays, or ``[step, row]``
+    with ``time_major``) of the float32 arrays ``r``, ``v``, ``lr``
     (rewards, values, log-ratios; read), ``vs``, ``adv`` (written) and, with
     ``has_term``, the uint8 flags ``term``.  ``sx`` (the trace ``D`` after
     the block), ``sv`` (the value after the block), ``g8`` (γ) and ``gl8``
@@ -296,7 +310,7 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16) -> Any:
         sig = types.void(r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb)
 
         def codegen(context, builder, signature, args):
-            blk = _Block(context, builder, signature, args, range(6), args[6], args[7])
+            blk = _Block(context, builder, signature, args, range(6), args[6], args[7], time_major)
             f32 = ir.FloatType()
             f64 = ir.DoubleType()
             v8f = ir.VectorType(f32, 8)

@@ -400,6 +400,8 @@ def vtrace_fused(r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, car
 _LANE_STEPS = 16
 _vlanes_term = vtrace_lanes_block(True, _LANE_STEPS)
 _vlanes_plain = vtrace_lanes_block(False, _LANE_STEPS)
+_vlanes_tm_term = vtrace_lanes_block(True, _LANE_STEPS, time_major=True)
+_vlanes_tm_plain = vtrace_lanes_block(False, _LANE_STEPS, time_major=True)
 _F4T = types.float32
 
 
@@ -526,3 +528,82 @@ def vtrace_timemajor(r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound,
                 adv[t, c] = ft(a)
                 x[q] = xn
                 vn[q] = vt
+
+
+@njit(inline="always", fastmath=_FM)
+def _tm_column_steps(r, v, lr, d, has_term, c, t_end, t_stop, g, gl, x, vn, rb, cb, pb, vs, adv):
+    """Steps ``t_end - 1`` down to ``t_stop`` of column ``c`` of ``(T, R)``
+    arrays, one at a time (the operations of :func:`vtrace_fused`); returns
+    the trace and the value after them."""
+    for t in range(t_end - 1, t_stop - 1, -1):
+        rt = _f8(r[t, c])
+        vt = _f8(v[t, c])
+        e = _exp(_f8(lr[t, c]))
+        tm = has_term and d[t, c] != 0
+        w = rt - vt if tm else g * vn + rt - vt
+        cw = 0.0 if tm else gl * _clip(cb, e)
+        xm = 0.0 if tm else x
+        a = _clip(pb, e) * (g * xm + w)
+        x = cw * xm + _clip(rb, e) * w
+        vs[t, c] = np.float32(vt + x)
+        adv[t, c] = np.float32(a)
+        vn = vt
+    return x, vn
+
+
+@_kernel([types.void(_ro(_F4T, 2), _ro(_F4T, 2), _ro(_F4T, 2), _ro(types.uint8, 2), types.boolean,
+                     _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), types.float64, types.float64,
+                     types.float64, types.Array(_F4T, 2, "A"), types.Array(_F4T, 2, "A")), None],
+         parallel=True, fastmath=_FM)
+def vtrace_timemajor_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, cb, pb, vs, adv):
+    """V-trace on float32 ``(T, R)`` arrays contiguous along the batch (the
+    transposes of time-major row views), plain or with terminations (``d``,
+    read when ``has_term``, its columns consecutive), eight columns at a time
+    in SIMD lanes, each step of them one vector load per array.
+
+    Work comes in units of ``wb`` consecutive columns (as in
+    :func:`vtrace_timemajor`), so that each block of 16 steps reads 16
+    contiguous stretches of each array.  Each group of 8 columns of a unit runs
+    its last ``T % 16`` steps one column at a time, then the unit's blocks
+    of 16 steps from the end, each group in turn, with the ``_vlanes_tm_*``
+    block (the batch-major block's terms and exponential).  The last
+    ``R % 8`` columns run one at a time.  ``bound`` and ``carry`` are
+    ``last_value`` and ``last_trace`` per column.
+    """
+    T, R = r.shape
+    tail = T % _LANE_STEPS
+    tb = T - tail
+    groups = R // 8
+    wb = _W if R >= 4 * _W else max(64, (R + 3) // 4)
+    gu = (wb + 7) // 8  # groups per unit
+    for u in prange((groups + gu - 1) // gu):
+        n = min(gu, groups - gu * u)
+        sx = np.empty(8 * n, _f8)
+        sv = np.empty(8 * n, _f8)
+        g8 = np.empty(8 * n, _f8)
+        gl8 = np.empty(8 * n, _f8)
+        c0 = 8 * gu * u
+        for q in range(8 * n):
+            c = c0 + q
+            g = _f8(gcol[c])
+            gl = g * _f8(lcol[c])
+            x, vn = _tm_column_steps(r, v, lr, d, has_term, c, T, tb, g, gl, _f8(carry[c]), _f8(bound[c]),
+                                     rb, cb, pb, vs, adv)
+            sx[q] = x
+            sv[q] = vn
+            g8[q] = g
+            gl8[q] = gl
+        for b in range(tb // _LANE_STEPS):
+            t0 = tb - _LANE_STEPS * (b + 1)
+            for h in range(n):
+                o = 8 * h
+                if has_term:
+                    _vlanes_tm_term(r, v, lr, d, vs, adv, c0 + o, t0, sx[o:o + 8], sv[o:o + 8], g8[o:o + 8],
+                                    gl8[o:o + 8], rb, cb, pb)
+                else:
+                    _vlanes_tm_plain(r, v, lr, d, vs, adv, c0 + o, t0, sx[o:o + 8], sv[o:o + 8], g8[o:o + 8],
+                                     gl8[o:o + 8], rb, cb, pb)
+    for c in prange(8 * groups, R):
+        g = _f8(gcol[c])
+        _tm_column_steps(r, v, lr, d, has_term, c, T, 0, g, g * _f8(lcol[c]), _f8(carry[c]), _f8(bound[c]),
+                         rb, cb, pb, vs, adv)
