@@ -8,7 +8,11 @@ register, see :mod:`gaescan.kernels._lanes`).  The same process times the
 kernel it replaces, :func:`gaescan.kernels.cpu_vtrace.vtrace_fused` (two rows
 per loop), on the same inputs into the same preallocated outputs, the two
 calls in turn (medians of each), and a STREAM triad over the same element
-count, round after round.  Before timing, the script checks that the two
+count, round after round.  A second table does the same for time-major
+``[131072, 256]`` (``axis=0``): the default,
+:func:`gaescan.kernels.cpu_vtrace.vtrace_timemajor_lanes`, against the kernel
+that sweeps the batch at each step, :func:`~gaescan.kernels.cpu_vtrace.vtrace_timemajor`.
+Before timing, the script checks that the two
 agree within 1e-6 relative L2 (the lanes kernel's exponential differs from the
 pair kernel's by at most 5e-9 relative) and prints the difference.  Figures are
 per machine: commit the output under ``benchmarks/results/`` with the CPU model
@@ -42,6 +46,17 @@ def pairs(r, v, lr, d8, has_term, vs, adv):
     nf = np.zeros((1, 1), np.uint8)
     cpu_vtrace.vtrace_fused(r, v, lr, v, False, d8 if has_term else nf, has_term, nf, gcol, lcol, zero, zero,
                             RHO_BAR, C_BAR, RHO_BAR, vs, adv)
+
+
+def sweep(r, v, lr, d8, has_term, vs, adv):
+    """The time-major sweeping kernel on ``(T, R)`` arrays, with the arguments
+    ``gaescan.vtrace(..., axis=0)`` hands the lanes kernel."""
+    R = r.shape[1]
+    gcol, lcol = np.full(R, GAMMA, np.float32), np.ones(R, np.float32)
+    zero = np.zeros(R, np.float32)
+    nf = np.zeros((1, 1), np.uint8)
+    cpu_vtrace.vtrace_timemajor(r, v, lr, v, False, d8 if has_term else nf, has_term, nf, gcol, lcol, zero, zero,
+                                RHO_BAR, C_BAR, RHO_BAR, vs, adv)
 
 
 def main(argv=None) -> None:
@@ -83,6 +98,34 @@ def main(argv=None) -> None:
             nbytes = R * T * (21 if has else 20)
             t_p, t_l = _alternating(lambda has=has: pairs(r, v, lr, d8, has, vs2, adv2),
                                     lambda has=has: lanes(has), args.repeat)
+            print(f"{k + 1:5d} {tri:10.1f} {has!s:>5s} {t_p * 1e3:9.1f} {nbytes / t_p / 1e9 / tri:7.2f} "
+                  f"{t_l * 1e3:9.1f} {nbytes / t_l / 1e9 / tri:7.2f} {t_p / t_l:11.2f}")
+
+    # Time-major: the same element count as [T, B] = [131072, 256], axis=0.
+    rt, vt, lrt, dt = (np.ascontiguousarray(x.reshape(T, R)) for x in (r, v, lr, d))
+    d8t = dt.view(np.uint8)
+    vst, advt, vst2, advt2 = (np.empty_like(rt) for _ in range(4))
+
+    def lanes_tm(has):
+        gaescan.vtrace(rt, vt, lrt, gamma=GAMMA, dones=dt if has else None, axis=0, out=(vst, advt))
+
+    diffs = []
+    for has in (True, False):
+        lanes_tm(has)
+        sweep(rt, vt, lrt, d8t, has, vst2, advt2)
+        for a, b in ((vst, vst2), (advt, advt2)):
+            diffs.append(float(np.linalg.norm((a - b).astype(np.float64)) / np.linalg.norm(b.astype(np.float64))))
+        if max(diffs) > 1e-6:
+            raise SystemExit(f"time-major lanes and sweep differ: dones={has}, relative L2 {max(diffs):.2e}")
+    print(f"# time-major [{T}, {R}] float32, axis=0; lanes vs sweep: relative L2 at most {max(diffs):.1e}")
+    print(f"{'round':>5s} {'triad GB/s':>10s} {'dones':>5s} {'sweep ms':>9s} {'x triad':>7s} "
+          f"{'lanes ms':>9s} {'x triad':>7s} {'sweep/lanes':>11s}")
+    for k in range(args.rounds):
+        tri = _triad_bw(R * T, args.repeat)
+        for has in (True, False):
+            nbytes = R * T * (21 if has else 20)
+            t_p, t_l = _alternating(lambda has=has: sweep(rt, vt, lrt, d8t, has, vst2, advt2),
+                                    lambda has=has: lanes_tm(has), args.repeat)
             print(f"{k + 1:5d} {tri:10.1f} {has!s:>5s} {t_p * 1e3:9.1f} {nbytes / t_p / 1e9 / tri:7.2f} "
                   f"{t_l * 1e3:9.1f} {nbytes / t_l / 1e9 / tri:7.2f} {t_p / t_l:11.2f}")
 
