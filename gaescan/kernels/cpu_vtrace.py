@@ -467,10 +467,12 @@ def vtrace_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, cb, pb, vs
 #
 # The same calls on time-major buffers (``axis=0`` of C-contiguous ``[T, B]``
 # arrays): the kernel takes the ``(T, R)`` transposes, runs the scan over t
-# and sweeps a block of batch columns at each step, reading memory in order;
-# the columns' chains are independent, so the sweep vectorises (exp
-# included).  The carries of a block (``D``, ``V'``, γ and γλ of each column)
-# are its only scratch.
+# and sweeps a block of batch columns at each step, reading memory in order.
+# The columns' chains are independent, but LLVM does not vectorise the sweep
+# (its asm holds scalar float64 operations): float32 calls without
+# next_values take vtrace_timemajor_lanes below, which puts eight columns in
+# SIMD lanes explicitly.  The carries of a block (``D``, ``V'``, γ and γλ of
+# each column) are its only scratch.
 
 _W = 1024  # batch columns per block
 
