@@ -459,7 +459,8 @@ def _vt_lanes_and_fused(monkeypatch, **kw):
     monkeypatch.setattr(vtrace_numba, "SERIAL_MAX_STEPS", 0)
     got = gaescan.vtrace(**kw, backend="numba")
     with monkeypatch.context() as m:
-        m.setattr(vtrace_numba, "_lanes_ok", lambda *a: False)
+        m.setattr(vtrace_numba, "_lanes_ok", lambda *a, **k: False)
+        m.setattr(vtrace_numba, "_lanes_next_ok", lambda *a: False)
         fused = gaescan.vtrace(**kw, backend="numba")
     return got, fused
 
@@ -594,6 +595,60 @@ def test_lanes_kernel_long_rows(monkeypatch, gamma):
     assert_close(got.vs, ref.vs, np.float32)
     assert_close(got.advantages, ref.advantages, np.float32)
 
+
+@pytest.mark.parametrize("T", VT_LANE_LENGTHS)
+@pytest.mark.parametrize("R", VT_LANE_ROWS)
+def test_lanes_kernel_with_next_values_matches_the_fused_kernel(monkeypatch, R, T):
+    # next_values with terminations and truncations: vtrace_lanes_next, the last
+    # R % 8 rows through the fused kernel.
+    from gaescan.kernels import cpu
+
+    calls = []
+    real_call = cpu.Kernel.__call__
+
+    def spy(self, *args):
+        calls.append(self.__name__)
+        return real_call(self, *args)
+
+    monkeypatch.setattr(cpu.Kernel, "__call__", spy)
+    rng = np.random.default_rng(R * 31 + T)
+    kw = dict(rewards=random_data(rng, (R, T), np.float32), values=random_data(rng, (R, T), np.float32),
+              log_rhos=log_ratios(rng, (R, T)), next_values=random_data(rng, (R, T), np.float32),
+              terminated=rng.random((R, T)) < 0.05, truncated=rng.random((R, T)) < 0.05, gamma=0.99,
+              last_trace=random_data(rng, (R,), np.float32))
+    for extra in ({}, dict(lam=0.9, rho_bar=1.5, c_bar=0.8, pg_rho_bar=0.7,
+                           gamma=rng.uniform(0.9, 1.0, (R, 1)).astype(np.float32))):
+        case = {**kw, **extra}
+        calls.clear()
+        got, fused = _vt_lanes_and_fused(monkeypatch, **case)
+        assert calls == ["vtrace_lanes_next"] + (["vtrace_fused"] if R % 8 else []) + ["vtrace_fused"]
+        _vt_near_fused(got, fused, R, T)
+        ref = gt.vtrace(**case)
+        assert_close(got.vs, ref.vs, np.float32)
+        assert_close(got.advantages, ref.advantages, np.float32)
+
+
+def test_lanes_kernel_with_next_values_nan_stays_in_its_episode(monkeypatch):
+    from gaescan.backends import vtrace_numba
+
+    monkeypatch.setattr(vtrace_numba, "SERIAL_MAX_STEPS", 0)
+    rng = np.random.default_rng(8)
+    R, T, cut = 16, 16 * 20 + 5, 150
+    r, v = random_data(rng, (R, T), np.float32), random_data(rng, (R, T), np.float32)
+    nv, lr = random_data(rng, (R, T), np.float32), log_ratios(rng, (R, T))
+    term, trunc = np.zeros((R, T), bool), np.zeros((R, T), bool)
+    trunc[:, cut] = True  # a truncation cuts the carry; its bootstrap is next_values[cut]
+    r[:, cut + 1:cut + 20] = np.nan
+    v[3, cut + 30] = np.inf
+    lr[5, cut + 40] = np.nan
+    nv[7, cut + 50] = np.nan
+    res = gaescan.vtrace(r, v, lr, gamma=0.99, next_values=nv, terminated=term, truncated=trunc,
+                         backend="numba")
+    assert np.all(np.isfinite(res.vs[:, :cut + 1])) and np.all(np.isfinite(res.advantages[:, :cut + 1]))
+    s = np.s_[:, :cut + 1]
+    ref = gt.vtrace(r[s], v[s], lr[s], gamma=0.99, next_values=nv[s], terminated=term[s], truncated=trunc[s])
+    assert_close(res.vs[s], ref.vs, np.float32)
+    assert_close(res.advantages[s], ref.advantages, np.float32)
 
 # --------------------------------------------------------------------------- time-major lanes
 # vtrace_timemajor_lanes (float32 time-major arrays, axis=0, the same terms as

@@ -15,7 +15,10 @@ lanes (``vtrace_lanes``, the last ``R % 8`` rows in ``vtrace_fused``);
 time-major row views whose transposes are C-contiguous the one that sweeps
 the batch at each step (``vtrace_timemajor``), or, on the same terms as
 ``vtrace_lanes``, the one that runs eight batch columns at a time in SIMD
-lanes (``vtrace_timemajor_lanes``).  Every
+lanes (``vtrace_timemajor_lanes``).  Batch-major float32 calls with
+``next_values`` and both flag arrays (terminations and truncations, each
+consecutive along time) above ``SERIAL_MAX_STEPS`` take the lanes kernel
+that reads them (``vtrace_lanes_next``).  Every
 other call (masks, packing, per-step γ or λ, other strides) takes the
 general kernel (``vtrace_rows``), which reads any strides.  Below
 ``SERIAL_MAX_STEPS`` steps a call runs on the calling thread: waking the
@@ -70,6 +73,15 @@ def _lanes_ok(rows: Any, p: VTraceProblem, d: np.ndarray, time_major: bool = Fal
             and p.next_values is None and (p.terminated is None or d.strides[0 if time_major else 1] == 1))
 
 
+def _lanes_next_ok(rows: Any, p: VTraceProblem, d: np.ndarray, tr: np.ndarray) -> bool:
+    """Whether :func:`~gaescan.kernels.cpu_vtrace.vtrace_lanes_next` serves a
+    fused batch-major call with ``next_values``: float32 rows, at least 8 of
+    them, above ``SERIAL_MAX_STEPS`` steps, both flag arrays given and
+    consecutive along time (an absent flag is a zero-stride view)."""
+    return (p.next_values is not None and rows.dtype == np.float32 and rows.R >= 8
+            and rows.R * rows.T > SERIAL_MAX_STEPS and d.strides[1] == 1 and tr.strides[1] == 1)
+
+
 def vtrace(p: VTraceProblem) -> None:
     rows = p.rows
     n = rows.R * rows.T
@@ -100,6 +112,15 @@ def vtrace(p: VTraceProblem) -> None:
                 _kernel(k.vtrace_timemajor, n, rows.dtype)(
                     r.T, values.T, lr.T, nv.T, p.next_values is not None, d.T, has_term, tr.T, gcol, lcol, bound,
                     carry, p.rho_bar, p.c_bar, p.pg_rho_bar, p.vs.T, p.advantages.T)
+            elif _lanes_next_ok(rows, p, d, tr):
+                # next_values with both flag arrays: eight rows at a time in SIMD lanes.
+                k.vtrace_lanes_next(r, values, lr, nv, d, tr, gcol, lcol, carry, p.rho_bar, p.c_bar,
+                                    p.pg_rho_bar, p.vs, p.advantages)
+                r8 = rows.R - rows.R % 8
+                if r8 < rows.R:
+                    s = slice(r8, None)
+                    k.vtrace_fused(r[s], values[s], lr[s], nv[s], True, d[s], True, tr[s], gcol[s], lcol[s],
+                                   bound[s], carry[s], p.rho_bar, p.c_bar, p.pg_rho_bar, p.vs[s], p.advantages[s])
             elif _lanes_ok(rows, p, d):
                 # Eight rows at a time in SIMD lanes, the last R % 8 rows in pairs.
                 k.vtrace_lanes(r, values, lr, d, has_term, gcol, lcol, bound, carry, p.rho_bar, p.c_bar,

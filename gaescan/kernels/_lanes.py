@@ -283,14 +283,17 @@ def _exp8_mixed(builder: Any, x: Any, fma32: Any, fma: Any) -> Any:
     return builder.select(builder.fcmp_unordered("uno", xd, xd), xd, y)
 
 
-def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False) -> Any:
+def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False, has_next: bool = False) -> Any:
     """The intrinsic ``block(r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb)``.
 
     V-trace on steps ``t0 + steps - 1`` down to ``t0`` (``steps`` a multiple
     of 8) of rows ``i0 .. i0 + 7`` (``[row, step]`` arrays, or ``[step, row]``
     with ``time_major``) of the float32 arrays ``r``, ``v``, ``lr``
     (rewards, values, log-ratios; read), ``vs``, ``adv`` (written) and, with
-    ``has_term``, the uint8 flags ``term``.  ``sx`` (the trace ``D`` after
+    ``has_term``, the uint8 flags ``term``; with ``has_next``, the float32
+    ``nv`` (``next_values``, the bootstrap ``V'`` of each step) and the uint8
+    flags ``term`` and ``trunc`` (a done is either; ``nv`` and ``trunc`` are
+    not read without ``has_next``).  ``sx`` (the trace ``D`` after
     the block), ``sv`` (the value after the block), ``g8`` (γ) and ``gl8``
     (γλ) are float64 arrays of one element per row, the first two updated in
     place; ``rb``, ``cb``, ``pb`` are the clipping thresholds (float64).
@@ -306,11 +309,12 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False
     advantage ``min(ρ̄pg, e)·(w + γ·D')`` (``D'`` taken as 0 at a done).
     """
     @intrinsic
-    def block(typingctx, r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb):
-        sig = types.void(r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb)
+    def block(typingctx, r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, trunc):
+        sig = types.void(r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, trunc)
 
         def codegen(context, builder, signature, args):
-            blk = _Block(context, builder, signature, args, range(6), args[6], args[7], time_major)
+            arrays = (0, 1, 2, 3, 4, 5, 15, 16) if has_next else range(6)
+            blk = _Block(context, builder, signature, args, arrays, args[6], args[7], time_major)
             f32 = ir.FloatType()
             f64 = ir.DoubleType()
             v8f = ir.VectorType(f32, 8)
@@ -324,8 +328,12 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False
             R = blk.steps_of(0, v8f, 4, steps)
             V = blk.steps_of(1, v8f, 4, steps)
             LR = blk.steps_of(2, v8f, 4, steps)
-            if has_term:
-                D = blk.steps_of(3, ir.VectorType(ir.IntType(8), 8), 1, steps, lambda x: builder.zext(x, _I32x8))
+            flags = ir.VectorType(ir.IntType(8), 8)
+            if has_term or has_next:
+                D = blk.steps_of(3, flags, 1, steps, lambda x: builder.zext(x, _I32x8))
+            if has_next:
+                NV = blk.steps_of(15, v8f, 4, steps)
+                TR = blk.steps_of(16, flags, 1, steps, lambda x: builder.zext(x, _I32x8))
             px, pv = blk.vec(8, v8d), blk.vec(9, v8d)
             x = builder.load(px, align=8)
             vn = builder.load(pv, align=8)
@@ -348,11 +356,13 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False
                 out_s, out_a = [None] * steps, [None] * steps
                 for s in range(steps - 1, -1, -1):
                     rt, vt, e = wide(R[s]), wide(V[s]), exp(LR[s])
-                    w = builder.fsub(builder.call(fma, [g, vn, rt]), vt)
+                    w = builder.fsub(builder.call(fma, [g, wide(NV[s]) if has_next else vn, rt]), vt)
                     cw = builder.fmul(gl, clip(cb, e))
-                    if has_term:
-                        dn = builder.icmp_unsigned("!=", D[s], zi)
-                        w = builder.select(dn, builder.fsub(rt, vt), w)
+                    if has_term or has_next:
+                        # term: no bootstrap; done (term, or with next_values trunc): no carry.
+                        tm = builder.icmp_unsigned("!=", D[s], zi)
+                        dn = builder.or_(tm, builder.icmp_unsigned("!=", TR[s], zi)) if has_next else tm
+                        w = builder.select(tm, builder.fsub(rt, vt), w)
                         cw = builder.select(dn, zero, cw)
                         xm = builder.select(dn, zero, x)
                     else:

@@ -402,6 +402,7 @@ _vlanes_term = vtrace_lanes_block(True, _LANE_STEPS)
 _vlanes_plain = vtrace_lanes_block(False, _LANE_STEPS)
 _vlanes_tm_term = vtrace_lanes_block(True, _LANE_STEPS, time_major=True)
 _vlanes_tm_plain = vtrace_lanes_block(False, _LANE_STEPS, time_major=True)
+_vlanes_next = vtrace_lanes_block(True, _LANE_STEPS, has_next=True)
 _F4T = types.float32
 
 
@@ -458,9 +459,50 @@ def vtrace_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, cb, pb, vs
         for b in range(tb // _LANE_STEPS):
             t0 = tb - _LANE_STEPS * (b + 1)
             if has_term:
-                _vlanes_term(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb)
+                _vlanes_term(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d)
             else:
-                _vlanes_plain(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb)
+                _vlanes_plain(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d)
+
+
+@_kernel([types.void(_ro(_F4T, 2), _ro(_F4T, 2), _ro(_F4T, 2), _ro(_F4T, 2), _ro(types.uint8, 2),
+                     _ro(types.uint8, 2), _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), types.float64,
+                     types.float64, types.float64, types.Array(_F4T, 2, "A"), types.Array(_F4T, 2, "A")), None],
+         parallel=True, fastmath=_FM)
+def vtrace_lanes_next(r, v, lr, nv, d, tr, gcol, lcol, carry, rb, cb, pb, vs, adv):
+    """:func:`vtrace_lanes` with ``next_values`` (``nv``): terminations ``d``
+    and truncations ``tr`` (uint8, both read, consecutive along time), rows
+    ``0 .. 8·(R // 8) − 1`` (the caller runs the others through
+    :func:`vtrace_fused`).  ``carry`` is ``last_trace`` per row; the
+    bootstrap of each step is ``nv``'s, so ``last_value`` is not read."""
+    R, T = r.shape
+    tail = T % _LANE_STEPS
+    tb = T - tail
+    for grp in prange(R // 8):
+        i0 = grp * 8
+        sx = np.empty(8, _f8)
+        sv = np.empty(8, _f8)
+        g8 = np.empty(8, _f8)
+        gl8 = np.empty(8, _f8)
+        for q in range(8):
+            i = i0 + q
+            g = _f8(gcol[i])
+            gl = g * _f8(lcol[i])
+            x = _f8(carry[i])
+            for j in range(tail):
+                t = T - 1 - j
+                vt = _f8(v[i, t])
+                tm = d[i, t] != 0
+                x, o, a = _core(_f8(r[i, t]), vt, _f8(lr[i, t]), _f8(nv[i, t]), g, _f8(lcol[i]), tm,
+                                tm or tr[i, t] != 0, rb, cb, pb, x)
+                vs[i, t] = np.float32(o)
+                adv[i, t] = np.float32(a)
+            sx[q] = x
+            sv[q] = 0.0
+            g8[q] = g
+            gl8[q] = gl
+        for b in range(tb // _LANE_STEPS):
+            t0 = tb - _LANE_STEPS * (b + 1)
+            _vlanes_next(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, tr)
 
 
 # --------------------------------------------------------------------------- time-major fast path
@@ -601,10 +643,10 @@ def vtrace_timemajor_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, 
                 o = 8 * h
                 if has_term:
                     _vlanes_tm_term(r, v, lr, d, vs, adv, c0 + o, t0, sx[o:o + 8], sv[o:o + 8], g8[o:o + 8],
-                                    gl8[o:o + 8], rb, cb, pb)
+                                    gl8[o:o + 8], rb, cb, pb, v, d)
                 else:
                     _vlanes_tm_plain(r, v, lr, d, vs, adv, c0 + o, t0, sx[o:o + 8], sv[o:o + 8], g8[o:o + 8],
-                                     gl8[o:o + 8], rb, cb, pb)
+                                     gl8[o:o + 8], rb, cb, pb, v, d)
     for c in prange(8 * groups, R):
         g = _f8(gcol[c])
         _tm_column_steps(r, v, lr, d, has_term, c, T, 0, g, g * _f8(lcol[c]), _f8(carry[c]), _f8(bound[c]),
