@@ -77,29 +77,13 @@ def main(argv=None) -> None:
     def lanes(has):
         gaescan.vtrace(r, v, lr, gamma=GAMMA, dones=d if has else None, out=(vs, adv))
 
-    diffs = []
-    for has in (True, False):
-        lanes(has)
-        pairs(r, v, lr, d8, has, vs2, adv2)
-        for a, b in ((vs, vs2), (adv, adv2)):
-            diffs.append(float(np.linalg.norm((a - b).astype(np.float64)) / np.linalg.norm(b.astype(np.float64))))
-        if max(diffs) > 1e-6:
-            raise SystemExit(f"lanes and pairs differ: dones={has}, relative L2 {max(diffs):.2e}")
+    diff = _agreement(lanes, lambda has: pairs(r, v, lr, d8, has, vs2, adv2), (vs, adv), (vs2, adv2), "pairs")
     print(f"# python benchmarks/vtrace_lanes_bench.py --repeat {args.repeat} --rounds {args.rounds}")
     print(f"# {machine()}")
-    print(f"# [{R}, {T}] float32, gamma={GAMMA}; lanes vs pairs: relative L2 at most {max(diffs):.1e} "
+    print(f"# [{R}, {T}] float32, gamma={GAMMA}; lanes vs pairs: relative L2 at most {diff:.1e} "
           f"(vs and advantages, both cases); medians of {args.repeat}, the two kernels timed in turn;")
     print("# x triad = bytes one pass moves (20 per step, 21 with dones) / time / triad GB/s of the same round")
-    print(f"{'round':>5s} {'triad GB/s':>10s} {'dones':>5s} {'pairs ms':>9s} {'x triad':>7s} "
-          f"{'lanes ms':>9s} {'x triad':>7s} {'pairs/lanes':>11s}")
-    for k in range(args.rounds):
-        tri = _triad_bw(R * T, args.repeat)
-        for has in (True, False):
-            nbytes = R * T * (21 if has else 20)
-            t_p, t_l = _alternating(lambda has=has: pairs(r, v, lr, d8, has, vs2, adv2),
-                                    lambda has=has: lanes(has), args.repeat)
-            print(f"{k + 1:5d} {tri:10.1f} {has!s:>5s} {t_p * 1e3:9.1f} {nbytes / t_p / 1e9 / tri:7.2f} "
-                  f"{t_l * 1e3:9.1f} {nbytes / t_l / 1e9 / tri:7.2f} {t_p / t_l:11.2f}")
+    _rounds(args, R * T, "pairs", lambda has: pairs(r, v, lr, d8, has, vs2, adv2), lanes)
 
     # Time-major: the same element count as [T, B] = [131072, 256], axis=0.
     rt, vt, lrt, dt = (np.ascontiguousarray(x.reshape(T, R)) for x in (r, v, lr, d))
@@ -109,26 +93,40 @@ def main(argv=None) -> None:
     def lanes_tm(has):
         gaescan.vtrace(rt, vt, lrt, gamma=GAMMA, dones=dt if has else None, axis=0, out=(vst, advt))
 
+    def sweep_tm(has):
+        sweep(rt, vt, lrt, d8t, has, vst2, advt2)
+
+    diff = _agreement(lanes_tm, sweep_tm, (vst, advt), (vst2, advt2), "sweep")
+    print(f"# time-major [{T}, {R}] float32, axis=0; lanes vs sweep: relative L2 at most {diff:.1e}")
+    _rounds(args, R * T, "sweep", sweep_tm, lanes_tm)
+
+
+def _agreement(lanes, base, outs, base_outs, name):
+    """The largest relative L2 difference of the lanes kernel's outputs from the
+    baseline's, with and without dones; exits where it exceeds 1e-6."""
     diffs = []
     for has in (True, False):
-        lanes_tm(has)
-        sweep(rt, vt, lrt, d8t, has, vst2, advt2)
-        for a, b in ((vst, vst2), (advt, advt2)):
+        lanes(has)
+        base(has)
+        for a, b in zip(outs, base_outs, strict=True):
             diffs.append(float(np.linalg.norm((a - b).astype(np.float64)) / np.linalg.norm(b.astype(np.float64))))
         if max(diffs) > 1e-6:
-            raise SystemExit(f"time-major lanes and sweep differ: dones={has}, relative L2 {max(diffs):.2e}")
-    print(f"# time-major [{T}, {R}] float32, axis=0; lanes vs sweep: relative L2 at most {max(diffs):.1e}")
-    print(f"{'round':>5s} {'triad GB/s':>10s} {'dones':>5s} {'sweep ms':>9s} {'x triad':>7s} "
-          f"{'lanes ms':>9s} {'x triad':>7s} {'sweep/lanes':>11s}")
+            raise SystemExit(f"lanes and {name} differ: dones={has}, relative L2 {max(diffs):.2e}")
+    return max(diffs)
+
+
+def _rounds(args, n, name, base, lanes):
+    """The table: per round, a triad, then the baseline and the lanes kernel in
+    turn, with and without dones."""
+    print(f"{'round':>5s} {'triad GB/s':>10s} {'dones':>5s} {name + ' ms':>9s} {'x triad':>7s} "
+          f"{'lanes ms':>9s} {'x triad':>7s} {name + '/lanes':>11s}")
     for k in range(args.rounds):
-        tri = _triad_bw(R * T, args.repeat)
+        tri = _triad_bw(n, args.repeat)
         for has in (True, False):
-            nbytes = R * T * (21 if has else 20)
-            t_p, t_l = _alternating(lambda has=has: sweep(rt, vt, lrt, d8t, has, vst2, advt2),
-                                    lambda has=has: lanes_tm(has), args.repeat)
+            nbytes = n * (21 if has else 20)
+            t_p, t_l = _alternating(lambda has=has: base(has), lambda has=has: lanes(has), args.repeat)
             print(f"{k + 1:5d} {tri:10.1f} {has!s:>5s} {t_p * 1e3:9.1f} {nbytes / t_p / 1e9 / tri:7.2f} "
                   f"{t_l * 1e3:9.1f} {nbytes / t_l / 1e9 / tri:7.2f} {t_p / t_l:11.2f}")
-
 
 if __name__ == "__main__":
     main()

@@ -481,9 +481,8 @@ def _vt_near_fused(got, fused, R, T):
         assert np.linalg.norm((x - y)[ok].astype(np.float64)) <= 1e-6 * np.linalg.norm(y[ok].astype(np.float64))
 
 
-@pytest.mark.parametrize("T", VT_LANE_LENGTHS)
-@pytest.mark.parametrize("R", VT_LANE_ROWS)
-def test_lanes_kernel_matches_the_fused_kernel(monkeypatch, R, T):
+def _kernel_calls(monkeypatch):
+    """The names of the CPU kernels called from now on, in order."""
     from gaescan.kernels import cpu
 
     calls = []
@@ -494,6 +493,27 @@ def test_lanes_kernel_matches_the_fused_kernel(monkeypatch, R, T):
         return real_call(self, *args)
 
     monkeypatch.setattr(cpu.Kernel, "__call__", spy)
+    return calls
+
+
+def _check_lanes_case(monkeypatch, calls, case, lanes_kernel, R, T):
+    """One case through the lanes kernel and through the fused kernel: the calls
+    made, the two results against each other and against the reference."""
+    calls.clear()
+    got, fused = _vt_lanes_and_fused(monkeypatch, **case)
+    # the lanes run (its last R % 8 rows through the fused kernel), then the fused run
+    assert calls == [lanes_kernel] + (["vtrace_fused"] if R % 8 else []) + ["vtrace_fused"]
+    _vt_near_fused(got, fused, R, T)
+    ref = gt.vtrace(**case)
+    assert_close(got.vs, ref.vs, np.float32)
+    assert_close(got.advantages, ref.advantages, np.float32)
+
+
+@pytest.mark.parametrize("T", VT_LANE_LENGTHS)
+@pytest.mark.parametrize("R", VT_LANE_ROWS)
+def test_lanes_kernel_matches_the_fused_kernel(monkeypatch, R, T):
+
+    calls = _kernel_calls(monkeypatch)
     rng = np.random.default_rng(R * 1000 + T)
     r, v = random_data(rng, (R, T), np.float32), random_data(rng, (R, T), np.float32)
     kw = dict(rewards=r, values=v, log_rhos=log_ratios(rng, (R, T)), gamma=0.99,
@@ -501,15 +521,7 @@ def test_lanes_kernel_matches_the_fused_kernel(monkeypatch, R, T):
     for extra in (dict(dones=rng.random((R, T)) < 0.05), {},
                   dict(dones=rng.random((R, T)) < 0.05, lam=0.9, rho_bar=1.5, c_bar=0.8, pg_rho_bar=0.7,
                        gamma=rng.uniform(0.9, 1.0, (R, 1)).astype(np.float32))):
-        case = {**kw, **extra}
-        calls.clear()
-        got, fused = _vt_lanes_and_fused(monkeypatch, **case)
-        # the lanes run (its last R % 8 rows through the fused kernel), then the fused run
-        assert calls == ["vtrace_lanes"] + (["vtrace_fused"] if R % 8 else []) + ["vtrace_fused"]
-        _vt_near_fused(got, fused, R, T)
-        ref = gt.vtrace(**case)
-        assert_close(got.vs, ref.vs, np.float32)
-        assert_close(got.advantages, ref.advantages, np.float32)
+        _check_lanes_case(monkeypatch, calls, {**kw, **extra}, "vtrace_lanes", R, T)
 
 
 def test_lanes_kernel_nan_stays_in_its_episode(monkeypatch):
@@ -601,16 +613,8 @@ def test_lanes_kernel_long_rows(monkeypatch, gamma):
 def test_lanes_kernel_with_next_values_matches_the_fused_kernel(monkeypatch, R, T):
     # next_values with terminations and truncations: vtrace_lanes_next, the last
     # R % 8 rows through the fused kernel.
-    from gaescan.kernels import cpu
 
-    calls = []
-    real_call = cpu.Kernel.__call__
-
-    def spy(self, *args):
-        calls.append(self.__name__)
-        return real_call(self, *args)
-
-    monkeypatch.setattr(cpu.Kernel, "__call__", spy)
+    calls = _kernel_calls(monkeypatch)
     rng = np.random.default_rng(R * 31 + T)
     kw = dict(rewards=random_data(rng, (R, T), np.float32), values=random_data(rng, (R, T), np.float32),
               log_rhos=log_ratios(rng, (R, T)), next_values=random_data(rng, (R, T), np.float32),
@@ -618,14 +622,7 @@ def test_lanes_kernel_with_next_values_matches_the_fused_kernel(monkeypatch, R, 
               last_trace=random_data(rng, (R,), np.float32))
     for extra in ({}, dict(lam=0.9, rho_bar=1.5, c_bar=0.8, pg_rho_bar=0.7,
                            gamma=rng.uniform(0.9, 1.0, (R, 1)).astype(np.float32))):
-        case = {**kw, **extra}
-        calls.clear()
-        got, fused = _vt_lanes_and_fused(monkeypatch, **case)
-        assert calls == ["vtrace_lanes_next"] + (["vtrace_fused"] if R % 8 else []) + ["vtrace_fused"]
-        _vt_near_fused(got, fused, R, T)
-        ref = gt.vtrace(**case)
-        assert_close(got.vs, ref.vs, np.float32)
-        assert_close(got.advantages, ref.advantages, np.float32)
+        _check_lanes_case(monkeypatch, calls, {**kw, **extra}, "vtrace_lanes_next", R, T)
 
 
 def test_lanes_kernel_with_next_values_nan_stays_in_its_episode(monkeypatch):
@@ -666,17 +663,9 @@ def _transposed(kw):
 @pytest.mark.parametrize("R", [8, 9, 15, 16, 17, 24, 70])
 def test_timemajor_lanes_kernel_gives_the_batch_major_lanes_bits(monkeypatch, R, T):
     from gaescan.backends import vtrace_numba
-    from gaescan.kernels import cpu
 
     monkeypatch.setattr(vtrace_numba, "SERIAL_MAX_STEPS", 0)
-    calls = []
-    real_call = cpu.Kernel.__call__
-
-    def spy(self, *args):
-        calls.append(self.__name__)
-        return real_call(self, *args)
-
-    monkeypatch.setattr(cpu.Kernel, "__call__", spy)
+    calls = _kernel_calls(monkeypatch)
     rng = np.random.default_rng(R * 7 + T)
     kw = dict(rewards=random_data(rng, (T, R), np.float32), values=random_data(rng, (T, R), np.float32),
               log_rhos=log_ratios(rng, (T, R)), gamma=0.99, last_value=random_data(rng, (R,), np.float32),

@@ -406,6 +406,50 @@ _vlanes_next = vtrace_lanes_block(True, _LANE_STEPS, has_next=True)
 _F4T = types.float32
 
 
+@njit(inline="always", fastmath=_FM)
+def _lane_group_tails(r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, carry, rb, cb, pb, vs, adv,
+                      i0, tail):
+    """The last ``tail`` steps of rows ``i0 .. i0 + 7``, one row at a time (the
+    operations of :func:`vtrace_fused`, so its bits), and the block's state
+    after them: the trace, the value after the step, γ and γλ of each row."""
+    T = r.shape[1]
+    sx = np.empty(8, _f8)
+    sv = np.empty(8, _f8)
+    g8 = np.empty(8, _f8)
+    gl8 = np.empty(8, _f8)
+    for q in range(8):
+        i = i0 + q
+        g = _f8(gcol[i])
+        gl = g * _f8(lcol[i])
+        x = _f8(carry[i])
+        vn = _f8(bound[i])
+        for j in range(tail):
+            t = T - 1 - j
+            vt = _f8(v[i, t])
+            if has_next:
+                tm = d[i, t] != 0
+                x, o, a = _core(_f8(r[i, t]), vt, _f8(lr[i, t]), _f8(nv[i, t]), g, _f8(lcol[i]), tm,
+                                tm or tr[i, t] != 0, rb, cb, pb, x)
+            else:
+                rt = _f8(r[i, t])
+                e = _exp(_f8(lr[i, t]))
+                tm = has_term and d[i, t] != 0
+                w = rt - vt if tm else g * vn + rt - vt
+                cw = 0.0 if tm else gl * _clip(cb, e)
+                xm = 0.0 if tm else x
+                a = _clip(pb, e) * (g * xm + w)
+                x = cw * xm + _clip(rb, e) * w
+                o = vt + x
+            vs[i, t] = np.float32(o)
+            adv[i, t] = np.float32(a)
+            vn = vt
+        sx[q] = x
+        sv[q] = vn
+        g8[q] = g
+        gl8[q] = gl
+    return sx, sv, g8, gl8
+
+
 @_kernel([types.void(_ro(_F4T, 2), _ro(_F4T, 2), _ro(_F4T, 2), _ro(types.uint8, 2), types.boolean,
                      _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), types.float64, types.float64,
                      types.float64, types.Array(_F4T, 2, "A"), types.Array(_F4T, 2, "A")), None],
@@ -428,34 +472,8 @@ def vtrace_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, cb, pb, vs
     tb = T - tail
     for grp in prange(R // 8):
         i0 = grp * 8
-        sx = np.empty(8, _f8)
-        sv = np.empty(8, _f8)
-        g8 = np.empty(8, _f8)
-        gl8 = np.empty(8, _f8)
-        for q in range(8):
-            i = i0 + q
-            g = _f8(gcol[i])
-            gl = g * _f8(lcol[i])
-            x = _f8(carry[i])
-            vn = _f8(bound[i])
-            for j in range(tail):
-                t = T - 1 - j
-                rt = _f8(r[i, t])
-                vt = _f8(v[i, t])
-                e = _exp(_f8(lr[i, t]))
-                tm = has_term and d[i, t] != 0
-                w = rt - vt if tm else g * vn + rt - vt
-                cw = 0.0 if tm else gl * _clip(cb, e)
-                xm = 0.0 if tm else x
-                a = _clip(pb, e) * (g * xm + w)
-                x = cw * xm + _clip(rb, e) * w
-                vs[i, t] = np.float32(vt + x)
-                adv[i, t] = np.float32(a)
-                vn = vt
-            sx[q] = x
-            sv[q] = vn
-            g8[q] = g
-            gl8[q] = gl
+        sx, sv, g8, gl8 = _lane_group_tails(r, v, lr, v, False, d, has_term, d, gcol, lcol, bound, carry,
+                                            rb, cb, pb, vs, adv, i0, tail)
         for b in range(tb // _LANE_STEPS):
             t0 = tb - _LANE_STEPS * (b + 1)
             if has_term:
@@ -479,27 +497,8 @@ def vtrace_lanes_next(r, v, lr, nv, d, tr, gcol, lcol, carry, rb, cb, pb, vs, ad
     tb = T - tail
     for grp in prange(R // 8):
         i0 = grp * 8
-        sx = np.empty(8, _f8)
-        sv = np.empty(8, _f8)
-        g8 = np.empty(8, _f8)
-        gl8 = np.empty(8, _f8)
-        for q in range(8):
-            i = i0 + q
-            g = _f8(gcol[i])
-            gl = g * _f8(lcol[i])
-            x = _f8(carry[i])
-            for j in range(tail):
-                t = T - 1 - j
-                vt = _f8(v[i, t])
-                tm = d[i, t] != 0
-                x, o, a = _core(_f8(r[i, t]), vt, _f8(lr[i, t]), _f8(nv[i, t]), g, _f8(lcol[i]), tm,
-                                tm or tr[i, t] != 0, rb, cb, pb, x)
-                vs[i, t] = np.float32(o)
-                adv[i, t] = np.float32(a)
-            sx[q] = x
-            sv[q] = 0.0
-            g8[q] = g
-            gl8[q] = gl
+        sx, sv, g8, gl8 = _lane_group_tails(r, v, lr, nv, True, d, True, tr, gcol, lcol, carry, carry,
+                                            rb, cb, pb, vs, adv, i0, tail)
         for b in range(tb // _LANE_STEPS):
             t0 = tb - _LANE_STEPS * (b + 1)
             _vlanes_next(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, tr)
