@@ -57,7 +57,7 @@ from .cuda_spec import (
     OPT_UNPUBLISHED,
     KernelSpec,
 )
-from .cuda_tile import Steps
+from .cuda_tile import Inputs, Outputs, Params, Place, Steps
 
 if _numba_config.ENABLE_CUDASIM:
     from ._cudasim import bits_f32, f32_bits
@@ -250,8 +250,6 @@ def build_lookback(spec: KernelSpec, maps: SimpleNamespace, tile_fns: SimpleName
         sh_ctl = cuda.shared.array(2, np.int64)
         x = cuda.threadIdx.x
         y = cuda.threadIdx.y
-        yw = warp_ys(RW, TW)
-        wmask = warp_mask(x, y, RW, TW)
         zero = CAST(0)
         tile = TW * K
         ntiles = (T + tile - 1) // tile
@@ -269,10 +267,12 @@ def build_lookback(spec: KernelSpec, maps: SimpleNamespace, tile_fns: SimpleName
         row = grp * RW + x
         live = row < R
         rr = row if live else 0
+        inp = Inputs(r, v, nv, term, trunc, mask, g, lm, lv, cu)
+        prm = Params(g_s, l_s, lv_s, opts, T, nseg)
+        pl = Place(rr, live, x, y, RW, TW, warp_ys(RW, TW), warp_mask(x, y, RW, TW))
         u0, u1 = span(ti, y, tile, T)
-        ma, mb, mc, mh, mf = thread_map(rr, live, u0, u1, T, opts, r, v, nv, term, trunc, mask,
-                                        g, lm, g_s, l_s, lv, lv_s, cu, nseg, st)
-        block_suffix_scan(sh, sh_agg, x, y, RW, TW, yw, wmask, ma, mb, mc, mh, mf)
+        ma, mb, mc, mh, mf = thread_map(pl, u0, u1, inp, prm, st)
+        block_suffix_scan(sh, sh_agg, pl, ma, mb, mc, mh, mf)
         skip = (opts & OPT_UNPUBLISHED) != 0 and c_rev % 16 != 0
         if FASTLB:
             # One row per block (RW = 1): warp 0 publishes and looks back.
@@ -284,7 +284,7 @@ def build_lookback(spec: KernelSpec, maps: SimpleNamespace, tile_fns: SimpleName
                         cuda.atomic.exch(lbw, lb_word(c_rev, R, rr, 1), lb_pack(FLAG_AGG, tc))
                     A, Vn = fast_lookback(lbw, y, TW, R, rr, c_rev)
                 else:
-                    A, Vn = start_state(lv, lv_s, opts, rr, nseg)
+                    A, Vn = start_state(inp, prm, rr)
                 if y == 0:
                     sh_state[0, 0] = A
                     sh_state[1, 0] = Vn
@@ -397,7 +397,7 @@ def build_lookback(spec: KernelSpec, maps: SimpleNamespace, tile_fns: SimpleName
                 m0 += TW
             if y == 0 and live:
                 if c_rev == 0:
-                    A, Vn = start_state(lv, lv_s, opts, rr, nseg)
+                    A, Vn = start_state(inp, prm, rr)
                 sh_state[0, x] = A
                 sh_state[1, x] = Vn
                 ta, tb, tc, th, tf = read_map(sh, x)
@@ -415,7 +415,7 @@ def build_lookback(spec: KernelSpec, maps: SimpleNamespace, tile_fns: SimpleName
             if y + 1 < TW:
                 xa, xb, xc, xh, xf = read_map(sh, (y + 1) * RW + x)
                 A, Vn = apply(xa, xb, xc, xh, xf, A, Vn)
-        emit(rr, live, x, y, RW, yw, wmask, ti * tile, u0, u1, T, st, A, Vn, out1, out2, sh_tb1, sh_tb2)
+        emit(pl, ti * tile, u0, u1, prm, st, A, Vn, Outputs(out1, out2, sh_tb1, sh_tb2))
 
     if parts is not None:
         parts.update(fast_lookback=fast_lookback, lb_pack=lb_pack, lb_word=lb_word, apply=apply)

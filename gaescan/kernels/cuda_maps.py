@@ -11,6 +11,9 @@ that form, compose and apply those maps:
   ``reset_map`` (the constant map of a segment end);
 * ``elem``: the map of one step from the inputs at ``[row, t]`` (or from the
   vector-loaded per-thread arrays), ``phys``: logical step to physical time;
+  the inputs and the scalar parameters come as the named structures
+  :class:`~gaescan.kernels.cuda_tile.Inputs` and
+  :class:`~gaescan.kernels.cuda_tile.Params`;
 * packed rows: ``seg_bound`` (an offset of ``cu`` clamped to ``[0, T]``) and
   ``find_seg`` (the segment holding a step, by binary search);
 * boundary values: ``boundary`` (the value past a row or segment),
@@ -134,43 +137,48 @@ def build_maps(spec: KernelSpec) -> SimpleNamespace:
         return v
 
     @cuda.jit(device=True)
-    def boundary(lv, lv_s, opts, s):
-        if opts & OPT_LVARR:
-            return CAST(lv[s])
-        return lv_s
+    def boundary(inp, prm, s):
+        # The value past row or segment s.
+        if prm.opts & OPT_LVARR:
+            return CAST(inp.lv[s])
+        return prm.lv_s
 
     @cuda.jit(device=True)
-    def carry_in(lv, opts, s, nseg):
-        if opts & OPT_LAARR:
-            return CAST(lv[nseg + s])
+    def carry_in(inp, prm, s):
+        # The advantage past row or segment s (GAE).
+        if prm.opts & OPT_LAARR:
+            return CAST(inp.lv[prm.nseg + s])
         return CAST(0)
 
     @cuda.jit(device=True)
-    def elem(row, t, srow, st, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s, ns):
-        # r and v at [srow, st] (vector-loaded by load, or the arrays' [row, t]),
-        # next values there too if ns (vector-loaded), else at [row, t]; g, lambdas
-        # and flags always at [row, t].
+    def elem(row, t, src, srow, st, inp, prm, ns):
+        # Rewards and values at [srow, st] of src, the triple (r, v, nv): the
+        # vector-loaded per-thread arrays of load, or the inputs' arrays at
+        # [row, t]; next values there too if ns (vector-loaded), else the
+        # input's at [row, t]; gammas, lambdas and flags always at [row, t].
+        r, v, nv = src
         zero = CAST(0)
         one = CAST(1)
+        opts = prm.opts
         if MASKED:
-            if mask[row, t] == 0:
+            if inp.mask[row, t] == 0:
                 return False, one, zero, zero, zero
-        gt = g_s
+        gt = prm.g_s
         if opts & OPT_GARR:
-            gt = CAST(g[row, t])
+            gt = CAST(inp.g[row, t])
         tm = False
         tr = False
         if KIND != SCAN:
             if opts & OPT_TERM:
-                tm = term[row, t] != 0
+                tm = inp.term[row, t] != 0
             if opts & OPT_TRUNC:
-                tr = trunc[row, t] != 0
+                tr = inp.trunc[row, t] != 0
         rt = CAST(r[srow, st])
         if KIND == SCAN:
             return True, gt, zero, rt, zero
         if KIND == RET:
             return True, (zero if tm else gt), zero, rt, zero
-        lt = CAST(lm[row, t]) if opts & OPT_LARR else l_s
+        lt = CAST(inp.lm[row, t]) if opts & OPT_LARR else prm.l_s
         vt = CAST(v[srow, st])
         a = zero if (tm or tr) else gt * lt
         if KIND == GAE_V:
@@ -178,7 +186,7 @@ def build_maps(spec: KernelSpec) -> SimpleNamespace:
         if tm:
             c = rt - vt
         else:
-            c = (rt + gt * (CAST(nv[srow, st]) if ns else CAST(nv[row, t]))) - vt
+            c = (rt + gt * (CAST(nv[srow, st]) if ns else CAST(inp.nv[row, t]))) - vt
         return True, a, zero, c, vt
 
     @cuda.jit(device=True)
@@ -195,13 +203,13 @@ def build_maps(spec: KernelSpec) -> SimpleNamespace:
         return lo - 1
 
     @cuda.jit(device=True)
-    def start_state(lv, lv_s, opts, row, nseg):
+    def start_state(inp, prm, row):
         zero = CAST(0)
         if PACKED:
             return zero, zero  # the segment ends restart the state
-        bv = boundary(lv, lv_s, opts, row)
+        bv = boundary(inp, prm, row)
         if KIND == GAE_V or KIND == GAE_NEXT:
-            return carry_in(lv, opts, row, nseg), bv
+            return carry_in(inp, prm, row), bv
         return bv, zero
 
     @cuda.jit(device=True)

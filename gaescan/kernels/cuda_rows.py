@@ -23,7 +23,7 @@ import numpy as np
 from numba import cuda
 
 from .cuda_spec import KernelSpec
-from .cuda_tile import Steps
+from .cuda_tile import Inputs, Outputs, Params, Place, Steps
 
 
 def build_rows(spec: KernelSpec, maps: SimpleNamespace, tile_fns: SimpleNamespace):
@@ -84,19 +84,20 @@ def build_rows(spec: KernelSpec, maps: SimpleNamespace, tile_fns: SimpleNamespac
         sh_agg = cuda.shared.array((NF, NSH), NBT)
         x = cuda.threadIdx.x
         y = cuda.threadIdx.y
-        yw = warp_ys(RW, TW)
-        wmask = warp_mask(x, y, RW, TW)
         tile = TW * K
         ntiles = (T + tile - 1) // tile
         row = cuda.blockIdx.x * RW + x
         live = row < R
         rr = row if live else 0
-        A, Vn = start_state(lv, lv_s, opts, rr, nseg)
+        inp = Inputs(r, v, nv, term, trunc, mask, g, lm, lv, cu)
+        prm = Params(g_s, l_s, lv_s, opts, T, nseg)
+        pl = Place(rr, live, x, y, RW, TW, warp_ys(RW, TW), warp_mask(x, y, RW, TW))
+        outs = Outputs(out1, out2, sh_tb1, sh_tb2)
+        A, Vn = start_state(inp, prm, rr)
         ti = ntiles - 1
         if PREFETCH and live:
             u0, u1 = span(ti, y, tile, T)
-            load(rr, u0, u1, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-                 lv, lv_s, cu, nseg, pst)
+            load(rr, u0, u1, inp, prm, pst)
         while ti >= 0:
             u0, u1 = span(ti, y, tile, T)
             if PREFETCH:
@@ -113,16 +114,14 @@ def build_rows(spec: KernelSpec, maps: SimpleNamespace, tile_fns: SimpleNamespac
                     # Issued here, used in the next iteration: the GPU waits for a load
                     # only where its value is used, so they overlap this tile.
                     n0, n1 = span(ti - 1, y, tile, T)
-                    load(rr, n0, n1, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-                         lv, lv_s, cu, nseg, pst)
+                    load(rr, n0, n1, inp, prm, pst)
                 if live:
                     ma, mb, mc, mh, mf = fold(st)
                 else:
                     ma, mb, mc, mh, mf = identity_map()
             else:
-                ma, mb, mc, mh, mf = thread_map(rr, live, u0, u1, T, opts, r, v, nv, term, trunc, mask,
-                                                g, lm, g_s, l_s, lv, lv_s, cu, nseg, st)
-            block_suffix_scan(sh, sh_agg, x, y, RW, TW, yw, wmask, ma, mb, mc, mh, mf)
+                ma, mb, mc, mh, mf = thread_map(pl, u0, u1, inp, prm, st)
+            block_suffix_scan(sh, sh_agg, pl, ma, mb, mc, mh, mf)
             if y + 1 < TW:
                 xa, xb, xc, xh, xf = read_map(sh, (y + 1) * RW + x)
                 cA, cV = apply(xa, xb, xc, xh, xf, A, Vn)
@@ -130,7 +129,7 @@ def build_rows(spec: KernelSpec, maps: SimpleNamespace, tile_fns: SimpleNamespac
                 cA, cV = A, Vn
             ta, tb, tc, th, tf = read_map(sh, x)
             A, Vn = apply(ta, tb, tc, th, tf, A, Vn)
-            emit(rr, live, x, y, RW, yw, wmask, ti * tile, u0, u1, T, st, cA, cV, out1, out2, sh_tb1, sh_tb2)
+            emit(pl, ti * tile, u0, u1, prm, st, cA, cV, outs)
             ti -= 1
 
     return kernel

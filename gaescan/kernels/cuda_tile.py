@@ -19,6 +19,11 @@ drivers run per tile:
    stores are coalesced (with ``OPT_VECTOR`` as 16-byte stores, ``vec_get``).
 
 Every lane of a warp must call ``block_suffix_scan`` and ``emit``.
+
+The device functions take the named structures of this module
+(:class:`Inputs`, :class:`Params`, :class:`Place`, :class:`Outputs`,
+:class:`Steps`); each driver builds them once per kernel from its launch
+parameters.
 """
 
 from __future__ import annotations
@@ -31,6 +36,32 @@ from numba import cuda
 
 from .cuda_spec import GAE_NEXT, GAE_V, KernelSpec
 from .cuda_vector import ldg_vec, stg_vec
+
+Inputs = namedtuple("Inputs", "r v nv term trunc mask g lm lv cu")
+Inputs.__doc__ = """A kernel's input arrays, as launched: rewards (or the scan's ``b``) ``r``,
+values ``v``, next values ``nv``, terminations ``term``, truncations
+``trunc``, ``mask``, per-step gammas (or the scan's ``a``) ``g`` and lambdas
+``lm``, boundary values ``lv`` (``lv[nseg + s]``: the advantage past sequence
+``s`` with ``OPT_LAARR``) and packed offsets ``cu``.  An input the call does
+not have is a one-element placeholder that the option bits never let a
+kernel read."""
+
+Params = namedtuple("Params", "g_s l_s lv_s opts T nseg")
+Params.__doc__ = """A kernel's scalar parameters: the scalar gamma ``g_s``, lambda ``l_s`` and
+boundary value ``lv_s`` (used where ``opts`` has no per-step or per-row array
+for them), the runtime option bits ``opts``, the row length ``T`` and the
+number of sequences ``nseg``."""
+
+Place = namedtuple("Place", "row live x y RW TW yw wmask")
+Place.__doc__ = """A thread's place in its block: it owns row ``row`` (0 for a row past ``R``,
+where ``live`` is false) as thread ``(x, y)`` of a block of ``RW`` rows x
+``TW`` time-threads, with ``yw`` time-threads of a row per warp
+(``warp_ys``) and the lanes ``wmask`` of its warp that exist (``warp_mask``)."""
+
+Outputs = namedtuple("Outputs", "out1 out2 tb1 tb2")
+Outputs.__doc__ = """Where :func:`emit` writes: the output arrays ``out1`` (advantages, returns
+or ``y``) and ``out2`` (GAE's returns), and their shared-memory staging
+buffers ``tb1`` and ``tb2``."""
 
 Steps = namedtuple("Steps", "ok ea eb ec ev rs rv rq")
 Steps.__doc__ = """A thread's staged steps: ``K``-long per-thread arrays (registers), step ``j``
@@ -118,8 +149,7 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
             return a, b
 
     @cuda.jit(device=True)
-    def load(row, u_lo, u_hi, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-             lv, lv_s, cu, nseg, steps):
+    def load(row, u_lo, u_hi, inp, prm, steps):
         """Stage the maps of steps u_lo .. u_lo+K-1 (those < u_hi) in per-thread arrays.
 
         K is a compile-time constant, so the loop unrolls and the arrays live in
@@ -133,9 +163,13 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
         ``[u_lo, u_hi)`` or wholly outside); each step then reads them where it
         would read the arrays.  Flags, per-step coefficients and the value after
         the last step are read as elements.  ``steps`` (:class:`Steps`) receives
-        the maps.
+        the maps.  ``inp`` (:class:`Inputs`) and ``prm`` (:class:`Params`)
+        are the kernel's arguments.
         """
         ok, ea, eb, ec, ev, rs, rv, rq = steps
+        T = prm.T
+        nseg = prm.nseg
+        cu = inp.cu
         zero = CAST(0)
         packed = PACKED
         xr = cuda.local.array((1, VK), NBT)
@@ -148,11 +182,11 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
                     # Reverse time: steps ub .. ub+VW-1 are physical ub ..; forward: the
                     # same VW elements from phys(ub+VW-1) on, in reverse order.
                     tb = phys(ub + VW - 1, T) if FWD else ub
-                    vec_put(xr, q * VW, ldg_vec(r, row, tb))
+                    vec_put(xr, q * VW, ldg_vec(inp.r, row, tb))
                     if GAE:
-                        vec_put(xv, q * VW, ldg_vec(v, row, tb))
+                        vec_put(xv, q * VW, ldg_vec(inp.v, row, tb))
                     if KIND == GAE_NEXT:
-                        vec_put(xn, q * VW, ldg_vec(nv, row, tb))
+                        vec_put(xn, q * VW, ldg_vec(inp.nv, row, tb))
         s = -1
         seg_lo = 0
         seg_hi = 0
@@ -183,17 +217,15 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
                         inside = False
                     elif u == seg_hi - 1:
                         rs[j] = True
-                        rv[j] = boundary(lv, lv_s, opts, s)
+                        rv[j] = boundary(inp, prm, s)
                         if KIND == GAE_V or KIND == GAE_NEXT:
-                            rq[j] = carry_in(lv, opts, s, nseg)
+                            rq[j] = carry_in(inp, prm, s)
                 if inside:
                     t = phys(u, T)
                     if VECTOR:
-                        valid, a_, b_, c_, v_ = elem(row, t, 0, j, opts, xr, xv, xn, term, trunc, mask,
-                                                     g, lm, g_s, l_s, KIND == GAE_NEXT)
+                        valid, a_, b_, c_, v_ = elem(row, t, (xr, xv, xn), 0, j, inp, prm, KIND == GAE_NEXT)
                     else:
-                        valid, a_, b_, c_, v_ = elem(row, t, row, t, opts, r, v, nv, term, trunc, mask,
-                                                     g, lm, g_s, l_s, False)
+                        valid, a_, b_, c_, v_ = elem(row, t, (inp.r, inp.v, inp.nv), row, t, inp, prm, False)
                     ok[j] = valid
                     ea[j] = a_
                     eb[j] = b_
@@ -210,11 +242,11 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
                     if packed and rs[j]:
                         vn = rv[j]
                     elif u + 1 >= T:
-                        vn = boundary(lv, lv_s, opts, row)
+                        vn = boundary(inp, prm, row)
                     elif j + 1 < K:
                         vn = ev[j + 1]
                     else:
-                        vn = CAST(v[row, phys(u + 1, T)])
+                        vn = CAST(inp.v[row, phys(u + 1, T)])
                     ec[j] = cuda.fma(eb[j], vn, ec[j])
 
     @cuda.jit(device=True)
@@ -232,29 +264,31 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
         return ma, mb, mc, mh, mf
 
     @cuda.jit(device=True)
-    def thread_map(row, live, u_lo, u_hi, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-                   lv, lv_s, cu, nseg, steps):
+    def thread_map(pl, u_lo, u_hi, inp, prm, steps):
         # The map of this thread's steps of the tile (the identity for a row past R).
-        if not live:
+        if not pl.live:
             return identity_map()
-        load(row, u_lo, u_hi, T, opts, r, v, nv, term, trunc, mask, g, lm, g_s, l_s,
-             lv, lv_s, cu, nseg, steps)
+        load(pl.row, u_lo, u_hi, inp, prm, steps)
         return fold(steps)
 
     @cuda.jit(device=True)
-    def emit(row, live, x, y, RW, yw, wmask, ut, u_lo, u_hi, T, steps, A, Vn,
-             out1, out2, tb1, tb2):
+    def emit(pl, ut, u_lo, u_hi, prm, steps, A, Vn, outs):
         """Run the staged steps concretely from state (A, Vn) and write the outputs.
 
         Every lane of the warp must call this.  With ``yw > 1`` time-threads of a
         row in a warp, those ``yw`` threads own ``yw*K`` consecutive steps: the
-        values pass through shared memory (``tb1``, ``tb2``) and are stored
-        ``yw`` consecutive steps at a time, so the global stores are coalesced
-        (one thread's ``K`` consecutive steps would hit ``K`` different sectors
-        per store instruction).  ``steps`` (:class:`Steps`) holds the maps
-        :func:`load` staged.
+        values pass through shared memory (``outs.tb1``, ``outs.tb2``) and are
+        stored ``yw`` consecutive steps at a time, so the global stores are
+        coalesced (one thread's ``K`` consecutive steps would hit ``K``
+        different sectors per store instruction).  ``pl`` (:class:`Place`) is
+        the thread's place, ``ut`` the tile's first step, ``[u_lo, u_hi)`` the
+        thread's steps, ``steps`` (:class:`Steps`) the maps :func:`load`
+        staged, ``outs`` (:class:`Outputs`) where they go.
         """
         ok, ea, eb, ec, ev, rs, rv, rq = steps
+        row, live, x, y, RW, yw, wmask = pl.row, pl.live, pl.x, pl.y, pl.RW, pl.yw, pl.wmask
+        out1, out2, tb1, tb2 = outs
+        T = prm.T
         zero = CAST(0)
         two = KIND == GAE_V or KIND == GAE_NEXT
         yl = y % yw
@@ -332,7 +366,7 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
         return yw
 
     @cuda.jit(device=True)
-    def block_suffix_scan(sh, agg, x, y, RW, TW, yw, wmask, ma, mb, mc, mh, mf):
+    def block_suffix_scan(sh, agg, pl, ma, mb, mc, mh, mf):
         """Inclusive suffix scan over y of the threads' maps; leaves the results in sh.
 
         Thread ``(x, y)`` is lane ``(x + y*RW) % 32``: when ``RW`` divides 32, a
@@ -340,8 +374,10 @@ def build_tile(spec: KernelSpec, maps: SimpleNamespace) -> SimpleNamespace:
         row x, scanned with shuffles (no barrier) over the lanes of ``wmask``;
         the warps' aggregates then meet in shared memory, each thread folding in
         those of the later warps in time order (a fixed association: results do
-        not depend on timing).  Two block barriers.
+        not depend on timing).  Two block barriers.  ``pl``: the thread's
+        :class:`Place`.
         """
+        x, y, RW, TW, yw, wmask = pl.x, pl.y, pl.RW, pl.TW, pl.yw, pl.wmask
         yl = y % yw
         d = 1
         while d < yw:
