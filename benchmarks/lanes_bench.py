@@ -4,7 +4,8 @@ Run: ``python benchmarks/lanes_bench.py [--repeat N] [--rounds N]``.
 
 ``gaescan.gae`` on float32 ``[256, 131072]`` rows, plain and with dones, runs
 :func:`gaescan.kernels.cpu.gae_lanes` (eight rows per SIMD register, see
-:mod:`gaescan.kernels._lanes`).  The same process times the kernel it
+:mod:`gaescan.kernels._lanes`); with ``next_values``, terminations and
+truncations, :func:`gaescan.kernels.cpu.gae_lanes_next`.  The same process times the kernel it
 replaces, :func:`gaescan.kernels.cpu.gae_rows_fused` (two rows per loop), on
 the same inputs into the same preallocated outputs, the two calls in turn
 (medians of each), and a STREAM triad over the same element count, round
@@ -30,14 +31,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_bench import _triad_bw, machine  # noqa: E402
 
 
-def pairs(r, v, d8, has_term, gamma, lam, adv, ret):
-    """The pair kernel on the arrays ``gaescan.gae`` would hand it (float32 state where it would)."""
+def pairs(r, v, d8, kind, gamma, lam, adv, ret, nv=None, tr8=None):
+    """The pair kernel on the arrays ``gaescan.gae`` would hand it (float32 state where it would);
+    ``kind``: "dones", "plain" or "next" (``nv`` with terminations ``d8`` and truncations ``tr8``)."""
     R = r.shape[0]
     gcol, lcol = np.full(R, gamma, np.float32), np.full(R, lam, np.float32)
     zero = np.zeros(R, np.float32)
     narrow = abs(float(np.float32(gamma)) * float(np.float32(lam))) <= float(np.float32(0.99))
     k = cpu.gae_rows_fused.f32_state if narrow else cpu.gae_rows_fused
     nf = np.zeros((1, 1), np.uint8)
+    if kind == "next":
+        k(r, v, nv, True, d8, True, tr8, nf, False, gcol, lcol, zero, zero, adv, ret)
+        return
+    has_term = kind == "dones"
     k(r, v, v, False, d8 if has_term else nf, has_term, nf, nf, False, gcol, lcol, zero, zero, adv, ret)
 
 
@@ -66,31 +72,45 @@ def main(argv=None) -> None:
     v = rng.standard_normal((R, T), dtype=np.float32)
     d = rng.random((R, T)) < 0.01
     d8 = d.view(np.uint8)
+    # next_values with terminations and truncations, each at a rate of 1e-3
+    nv = rng.standard_normal((R, T), dtype=np.float32)
+    tm, tr = rng.random((R, T)) < 1e-3, rng.random((R, T)) < 1e-3
     adv, ret = np.empty_like(r), np.empty_like(r)
     adv2, ret2 = np.empty_like(r), np.empty_like(r)
-    cases = [(g, lam, has) for g, lam in ((0.99, 0.95), (0.999, 0.999)) for has in (True, False)]
-    for g, lam, has in cases:
-        gaescan.gae(r, v, gamma=g, lam=lam, dones=d if has else None, out=(adv, ret))
-        pairs(r, v, d8, has, g, lam, adv2, ret2)
+    kinds = {"dones": (17, dict(dones=d)), "plain": (16, {}),
+             "next": (22, dict(next_values=nv, terminated=tm, truncated=tr))}
+    cases = [(g, lam, kind) for g, lam in ((0.99, 0.95), (0.999, 0.999)) for kind in kinds]
+
+    def run_pairs(g, lam, kind):
+        if kind == "next":
+            pairs(r, v, tm.view(np.uint8), kind, g, lam, adv2, ret2, nv, tr.view(np.uint8))
+        else:
+            pairs(r, v, d8, kind, g, lam, adv2, ret2)
+
+    def run_lanes(g, lam, kind):
+        gaescan.gae(r, v, gamma=g, lam=lam, out=(adv, ret), **kinds[kind][1])
+
+    for g, lam, kind in cases:
+        run_lanes(g, lam, kind)
+        run_pairs(g, lam, kind)
         if not (np.array_equal(adv.view(np.uint32), adv2.view(np.uint32))
                 and np.array_equal(ret.view(np.uint32), ret2.view(np.uint32))):
-            raise SystemExit(f"lanes and pairs differ: gamma={g} lam={lam} dones={has}")
+            raise SystemExit(f"lanes and pairs differ: gamma={g} lam={lam} {kind}")
     print(f"# python benchmarks/lanes_bench.py --repeat {args.repeat} --rounds {args.rounds}")
     print(f"# {machine()}")
     print(f"# [{R}, {T}] float32; bits: lanes == pairs on all {len(cases)} cases; medians of {args.repeat}, "
           "the two kernels timed in turn;")
-    print("# x triad = bytes one pass moves (16 per step, 17 with dones) / time / triad GB/s of the same round")
-    print(f"{'round':>5s} {'triad GB/s':>10s} {'gamma':>6s} {'lam':>6s} {'dones':>5s} {'pairs ms':>9s} "
+    print("# x triad = bytes one pass moves (16 per step plain, 17 with dones, 22 with next values and both")
+    print("#   flags) / time / triad GB/s of the same round")
+    print(f"{'round':>5s} {'triad GB/s':>10s} {'gamma':>6s} {'lam':>6s} {'case':>5s} {'pairs ms':>9s} "
           f"{'x triad':>7s} {'lanes ms':>9s} {'x triad':>7s} {'pairs/lanes':>11s}")
     for k in range(args.rounds):
         tri = _triad_bw(R * T, args.repeat)
-        for g, lam, has in cases:
-            nbytes = R * T * (17 if has else 16)
-            t_p, t_l = _alternating(
-                lambda g=g, lam=lam, has=has: pairs(r, v, d8, has, g, lam, adv2, ret2),
-                lambda g=g, lam=lam, has=has: gaescan.gae(r, v, gamma=g, lam=lam, dones=d if has else None,
-                                                          out=(adv, ret)), args.repeat)
-            print(f"{k + 1:5d} {tri:10.1f} {g:6.3f} {lam:6.3f} {has!s:>5s} {t_p * 1e3:9.1f} "
+        for g, lam, kind in cases:
+            nbytes = R * T * kinds[kind][0]
+            t_p, t_l = _alternating(lambda g=g, lam=lam, kind=kind: run_pairs(g, lam, kind),
+                                    lambda g=g, lam=lam, kind=kind: run_lanes(g, lam, kind), args.repeat)
+            print(f"{k + 1:5d} {tri:10.1f} {g:6.3f} {lam:6.3f} {kind:>5s} {t_p * 1e3:9.1f} "
                   f"{nbytes / t_p / 1e9 / tri:7.2f} {t_l * 1e3:9.1f} {nbytes / t_l / 1e9 / tri:7.2f} {t_p / t_l:11.2f}")
 
 

@@ -731,6 +731,101 @@ def test_lanes_kernel_is_thread_count_independent(monkeypatch):
     assert _same_bits(a1, a2)
 
 
+# gae_lanes_next (float32, next_values with terminations and truncations, both
+# given) runs rows 8 at a time the same way, with the pair kernel's bits.
+
+
+def _next_case(R, T, seed):
+    rng, r, v, term = _data(R, T, seed=seed, p=0.05)
+    nv = rng.standard_normal((R, T)).astype(np.float32)
+    trunc = rng.random((R, T)) < 0.05
+    return rng, r, v, dict(next_values=nv, terminated=term, truncated=trunc)
+
+
+@pytest.mark.parametrize("T", LANE_LENGTHS)
+@pytest.mark.parametrize("R", LANE_ROWS)
+@pytest.mark.parametrize("decay", ["f32-state", "f64-state"])
+def test_lanes_next_kernel_gives_the_pair_kernels_bits(build_spy, monkeypatch, R, T, decay):
+    rng, r, v, kw = _next_case(R, T, seed=R * 1000 + T + 7)
+    kw.update(gamma=0.99, lam=0.95) if decay == "f32-state" else kw.update(gamma=0.999, lam=0.999)
+    kw["last_advantage"] = rng.standard_normal(R).astype(np.float32)
+    build_spy.clear()
+    got, pairs = _lanes_and_pairs(monkeypatch, r, v, **kw)
+    state = "f32" if decay == "f32-state" else "f64"
+    want_calls = [("gae_lanes_next", state)] + ([("gae_rows_fused", state)] if R % 8 else [])
+    assert build_spy[:len(want_calls)] == want_calls
+    assert _same_bits(got, pairs)
+    ref = gt.gae(r, v, **kw)
+    assert gt.assert_close(got[0], ref[0]) <= 2e-5 and gt.assert_close(got[1], ref[1]) <= 2e-5
+
+
+@pytest.mark.parametrize("case", ["reversed-rows", "strided-out", "steps-strided-flags", "no-truncations"])
+def test_lanes_next_kernel_views_and_fallbacks(build_spy, monkeypatch, case):
+    # Rows addressed by their stride; flags not contiguous along time, or a missing
+    # flag array, take the pair kernel (same bits either way).
+    rng, r, v, kw = _next_case(19, 203, seed=11)
+    kw.update(gamma=0.99, lam=0.95)
+    lanes = True
+    if case == "reversed-rows":
+        r, v = r[::-1], v[::-1]
+        kw.update({k: x[::-1] for k, x in kw.items() if k in ("next_values", "terminated", "truncated")})
+    elif case == "strided-out":
+        outs = (np.full((19, 300), np.nan, np.float32), np.full((19, 300), np.nan, np.float32))
+        kw["out"] = (outs[0][:, 50:253], outs[1][:, 50:253])
+    elif case == "steps-strided-flags":
+        wide = np.zeros((19, 406), bool)
+        wide[:, ::2] = kw["truncated"]
+        kw["truncated"] = wide[:, ::2]
+        lanes = False
+    else:
+        del kw["truncated"]
+        lanes = False
+    build_spy.clear()
+    got, pairs = _lanes_and_pairs(monkeypatch, r, v, **kw)
+    assert (build_spy[0][0] == "gae_lanes_next") is lanes
+    assert _same_bits(got, pairs)
+    ref = gt.gae(r, v, **{k: x for k, x in kw.items() if k != "out"})
+    assert gt.assert_close(got[0], ref[0]) <= 2e-5 and gt.assert_close(got[1], ref[1]) <= 2e-5
+    if case == "strided-out":
+        assert got[0] is kw["out"][0] and np.all(np.isnan(outs[0][:, :50])) and np.all(np.isnan(outs[0][:, 253:]))
+
+
+def test_lanes_next_kernel_nan_stays_in_its_episode(monkeypatch):
+    # A NaN past a termination or a truncation never reaches the steps before it;
+    # a NaN next value at a terminated step is not read into its advantage.
+    monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
+    _, r, v, kw = _next_case(16, 16 * 20 + 5, seed=3)
+    term = np.zeros(r.shape, bool)
+    trunc = np.zeros(r.shape, bool)
+    term[:8, 150] = True
+    trunc[8:, 150] = True
+    kw.update(terminated=term, truncated=trunc)
+    r[:, 151:170] = np.nan
+    v[:, 151:170] = np.nan
+    kw["next_values"][:8, 150] = np.nan
+    kw["next_values"][:, 151:170] = np.nan
+    adv, ret = gaescan.gae(r, v, gamma=0.99, lam=0.95, backend="numba", **kw)
+    assert np.all(np.isfinite(adv[:, :151])) and np.all(np.isfinite(ret[:, :151]))
+    cut = {k: x[:, :151] for k, x in kw.items()}
+    ref = gt.gae(r[:, :151], v[:, :151], gamma=0.99, lam=0.95, **cut)
+    assert gt.assert_close(adv[:, :151], ref[0]) <= 2e-5
+
+
+def test_lanes_next_kernel_is_thread_count_independent(monkeypatch):
+    import numba
+
+    monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
+    _, r, v, kw = _next_case(40, 1000 + 3, seed=5)
+    a1 = gaescan.gae(r, v, gamma=0.999, lam=0.99, backend="numba", **kw)
+    n = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        a2 = gaescan.gae(r, v, gamma=0.999, lam=0.99, backend="numba", **kw)
+    finally:
+        numba.set_num_threads(n)
+    assert _same_bits(a1, a2)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("gamma,lam", [(0.99, 0.95), (float(np.float32(0.9999999)), float(np.float32(0.9999999)))])
 def test_lanes_kernel_long_rows(monkeypatch, gamma, lam):
@@ -739,4 +834,17 @@ def test_lanes_kernel_long_rows(monkeypatch, gamma, lam):
     got, pairs = _lanes_and_pairs(monkeypatch, r, v, gamma=gamma, lam=lam, dones=d)
     assert _same_bits(got, pairs)
     ref = gt.gae(r, v, gamma=gamma, lam=lam, dones=d)
+    assert gt.assert_close(got[0], ref[0]) <= 2e-5 and gt.assert_close(got[1], ref[1]) <= 2e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gamma,lam", [(0.99, 0.95), (float(np.float32(0.9999999)), float(np.float32(0.9999999)))])
+def test_lanes_next_kernel_long_rows(monkeypatch, gamma, lam):
+    # 2^17 + 3 steps with next_values and both flags, γ and λ up to just below 1.
+    _, r, v, kw = _next_case(9, (1 << 17) + 3, seed=19)
+    kw["terminated"] &= np.random.default_rng(1).random(r.shape) < 0.02
+    kw["truncated"] &= np.random.default_rng(2).random(r.shape) < 0.02
+    got, pairs = _lanes_and_pairs(monkeypatch, r, v, gamma=gamma, lam=lam, **kw)
+    assert _same_bits(got, pairs)
+    ref = gt.gae(r, v, gamma=gamma, lam=lam, **kw)
     assert gt.assert_close(got[0], ref[0]) <= 2e-5 and gt.assert_close(got[1], ref[1]) <= 2e-5

@@ -132,8 +132,8 @@ class _Block:
                 self.builder.store(row, self.at(k, q, v8f, 4, h), align=4)
 
 
-def lanes_block(has_term: bool, wide: bool, steps: int = 8) -> Any:
-    """The intrinsic ``block(r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8)``.
+def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = False) -> Any:
+    """The intrinsic ``block(r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8, nv, trunc)``.
 
     It runs steps ``t0 + steps - 1`` down to ``t0`` (``steps`` a multiple of 8:
     each row's loads and stores are ``steps / 8`` vectors, transposed 8 x 8 at
@@ -143,13 +143,24 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8) -> Any:
     float64 when ``wide``, else float32), ``sv`` (the value after the block),
     ``g8`` (γ) and ``gl8`` (γλ, the state's width) hold one element per row
     and are updated in place.
+
+    With ``has_next`` (which needs ``has_term``) it also reads the float32
+    ``nv`` (``V'`` of each step) and the uint8 flags ``trunc``, and runs the
+    step of ``_nstep`` in :mod:`gaescan.kernels.cpu`: the bootstrap is cut
+    where ``term`` is set, the carry where ``term`` or ``trunc`` is; ``sv``
+    is then not used.  Without it, ``nv`` and ``trunc`` are not read (any
+    arrays of those types).
     """
+    if has_next and not has_term:
+        raise ValueError("the next_values block reads both flags: has_next needs has_term")
+
     @intrinsic
-    def block(typingctx, r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8):
-        sig = types.void(r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8)
+    def block(typingctx, r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8, nv, trunc):
+        sig = types.void(r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8, nv, trunc)
 
         def codegen(context, builder, signature, args):
-            blk = _Block(context, builder, signature, args, range(5), args[5], args[6])
+            arrays = (0, 1, 2, 3, 4, 11, 12) if has_next else range(5)
+            blk = _Block(context, builder, signature, args, arrays, args[5], args[6])
             f32 = ir.FloatType()
             v8f = ir.VectorType(f32, 8)
             v8s = ir.VectorType(ir.DoubleType() if wide else f32, 8)
@@ -160,8 +171,12 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8) -> Any:
 
             R = blk.steps_of(0, v8f, 4, steps)
             V = blk.steps_of(1, v8f, 4, steps)
+            v8b = ir.VectorType(ir.IntType(8), 8)
             if has_term:
-                D = blk.steps_of(2, ir.VectorType(ir.IntType(8), 8), 1, steps, lambda x: builder.zext(x, _I32x8))
+                D = blk.steps_of(2, v8b, 1, steps, lambda x: builder.zext(x, _I32x8))
+            if has_next:
+                NV = blk.steps_of(11, v8f, 4, steps)
+                TR = blk.steps_of(12, v8b, 1, steps, lambda x: builder.zext(x, _I32x8))
             pa, pv = blk.vec(7, v8s), blk.vec(8, v8f)
             A = builder.load(pa, align=8 if wide else 4)
             vn = builder.load(pv, align=4)
@@ -175,6 +190,19 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8) -> Any:
             out_a, out_r = [None] * steps, [None] * steps
             for s in range(steps - 1, -1, -1):
                 rt, vt = R[s], V[s]
+                if has_next:
+                    # δ = r − v at a termination (no bootstrap), else fma(γ, V', r) − v;
+                    # the carry stops at a termination or a truncation.  Selects, as
+                    # in _nstep: a NaN past an episode's end never reaches it.
+                    tm = builder.icmp_unsigned("!=", D[s], zero)
+                    done = builder.or_(tm, builder.icmp_unsigned("!=", TR[s], zero))
+                    delta = widen(builder.select(tm, builder.fsub(rt, vt),
+                                                 builder.fsub(builder.call(fma_f, [g, NV[s], rt]), vt)))
+                    A = builder.select(done, delta, builder.call(fma_s, [gl, A, delta]))
+                    o = builder.fptrunc(A, v8f) if wide else A
+                    out_a[s] = o
+                    out_r[s] = builder.fadd(o, vt)
+                    continue
                 x = builder.call(fma_s, [gl, A, widen(builder.fsub(builder.call(fma_f, [g, vn, rt]), vt))])
                 if has_term:
                     # A select, not a multiplication by (1 - done): a NaN after the
@@ -187,7 +215,8 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8) -> Any:
                 out_r[s] = builder.fadd(o, vt)
                 vn = vt
             builder.store(A, pa, align=8 if wide else 4)
-            builder.store(vn, pv, align=4)
+            if not has_next:
+                builder.store(vn, pv, align=4)
             blk.store_steps(3, out_a, v8f)
             blk.store_steps(4, out_r, v8f)
             return context.get_dummy_value()
