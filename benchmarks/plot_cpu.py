@@ -25,10 +25,15 @@ _COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
 def parse(path: str) -> tuple[str, str, list[tuple[str, float, float | None]]] | None:
     """``(machine, date, [(case, x_triad, target), ...])`` of one result file, or
     ``None`` when it is not a ``cpu_bench.py`` table with a machine header."""
-    machine = date = None
+    machine = date = model = None
     cases = []
     with open(path) as f:
         for line in f:
+            # A header line written by hand may name the CPU's family and model, which
+            # cpu_bench.py's own line does not: two machines of one vendor stay apart.
+            fam = re.search(r"machine:.*?\((family \d+, model \d+[^)]*)\)", line)
+            if line.startswith("#") and fam and model is None:
+                model = fam.group(1)
             if line.startswith("#") and "machine:" in line:
                 date = line[1:].split(";", 1)[0].strip()[:10]
                 machine = line.split("machine:", 1)[1].split(",", 1)[0].strip()
@@ -43,6 +48,8 @@ def parse(path: str) -> tuple[str, str, list[tuple[str, float, float | None]]] |
             cases.append((m["name"].strip(), float(m["ratio"]), float(t.group(1)) if t else None))
     if machine is None or not cases:
         return None
+    if model is not None:
+        machine = machine.replace(",", f" ({model}),", 1)
     return machine, date, cases
 
 
