@@ -5,7 +5,8 @@ Run: ``python benchmarks/lanes_bench.py [--repeat N] [--rounds N]``.
 ``gaescan.gae`` on float32 ``[256, 131072]`` rows, plain and with dones, runs
 :func:`gaescan.kernels.cpu.gae_lanes` (eight rows per SIMD register, see
 :mod:`gaescan.kernels._lanes`); with ``next_values``, terminations and
-truncations, :func:`gaescan.kernels.cpu.gae_lanes_next`.  The same process times the kernel it
+truncations, :func:`gaescan.kernels.cpu.gae_lanes_next`; with a mask (a
+prompt-like prefix of each row), :func:`gaescan.kernels.cpu.gae_lanes_mask`.  The same process times the kernel it
 replaces, :func:`gaescan.kernels.cpu.gae_rows_fused` (two rows per loop), on
 the same inputs into the same preallocated outputs, the two calls in turn
 (medians of each), and a STREAM triad over the same element count, round
@@ -33,7 +34,8 @@ from cpu_bench import _triad_bw, machine  # noqa: E402
 
 def pairs(r, v, d8, kind, gamma, lam, adv, ret, nv=None, tr8=None):
     """The pair kernel on the arrays ``gaescan.gae`` would hand it (float32 state where it would);
-    ``kind``: "dones", "plain" or "next" (``nv`` with terminations ``d8`` and truncations ``tr8``)."""
+    ``kind``: "dones", "plain", "next" (``nv`` with terminations ``d8`` and truncations ``tr8``)
+    or "mask" (the mask ``tr8``)."""
     R = r.shape[0]
     gcol, lcol = np.full(R, gamma, np.float32), np.full(R, lam, np.float32)
     zero = np.zeros(R, np.float32)
@@ -42,6 +44,9 @@ def pairs(r, v, d8, kind, gamma, lam, adv, ret, nv=None, tr8=None):
     nf = np.zeros((1, 1), np.uint8)
     if kind == "next":
         k(r, v, nv, True, d8, True, tr8, nf, False, gcol, lcol, zero, zero, adv, ret)
+        return
+    if kind == "mask":
+        k(r, v, v, False, nf, False, nf, tr8, True, gcol, lcol, zero, zero, adv, ret)
         return
     has_term = kind == "dones"
     k(r, v, v, False, d8 if has_term else nf, has_term, nf, nf, False, gcol, lcol, zero, zero, adv, ret)
@@ -75,15 +80,20 @@ def main(argv=None) -> None:
     # next_values with terminations and truncations, each at a rate of 1e-3
     nv = rng.standard_normal((R, T), dtype=np.float32)
     tm, tr = rng.random((R, T)) < 1e-3, rng.random((R, T)) < 1e-3
+    # a mask: each row's first 1/8 masked out, like a prompt
+    m = np.ones((R, T), bool)
+    m[:, : T // 8] = False
     adv, ret = np.empty_like(r), np.empty_like(r)
     adv2, ret2 = np.empty_like(r), np.empty_like(r)
     kinds = {"dones": (17, dict(dones=d)), "plain": (16, {}),
-             "next": (22, dict(next_values=nv, terminated=tm, truncated=tr))}
+             "next": (22, dict(next_values=nv, terminated=tm, truncated=tr)), "mask": (17, dict(mask=m))}
     cases = [(g, lam, kind) for g, lam in ((0.99, 0.95), (0.999, 0.999)) for kind in kinds]
 
     def run_pairs(g, lam, kind):
         if kind == "next":
             pairs(r, v, tm.view(np.uint8), kind, g, lam, adv2, ret2, nv, tr.view(np.uint8))
+        elif kind == "mask":
+            pairs(r, v, d8, kind, g, lam, adv2, ret2, tr8=m.view(np.uint8))
         else:
             pairs(r, v, d8, kind, g, lam, adv2, ret2)
 
@@ -100,8 +110,8 @@ def main(argv=None) -> None:
     print(f"# {machine()}")
     print(f"# [{R}, {T}] float32; bits: lanes == pairs on all {len(cases)} cases; medians of {args.repeat}, "
           "the two kernels timed in turn;")
-    print("# x triad = bytes one pass moves (16 per step plain, 17 with dones, 22 with next values and both")
-    print("#   flags) / time / triad GB/s of the same round")
+    print("# x triad = bytes one pass moves (16 per step plain, 17 with dones or a mask, 22 with next values")
+    print("#   and both flags) / time / triad GB/s of the same round")
     print(f"{'round':>5s} {'triad GB/s':>10s} {'gamma':>6s} {'lam':>6s} {'case':>5s} {'pairs ms':>9s} "
           f"{'x triad':>7s} {'lanes ms':>9s} {'x triad':>7s} {'pairs/lanes':>11s}")
     for k in range(args.rounds):

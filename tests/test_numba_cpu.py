@@ -790,6 +790,76 @@ def test_lanes_next_kernel_views_and_fallbacks(build_spy, monkeypatch, case):
         assert got[0] is kw["out"][0] and np.all(np.isnan(outs[0][:, :50])) and np.all(np.isnan(outs[0][:, 253:]))
 
 
+# gae_lanes_mask (float32, a mask, with or without terminations) likewise.
+
+
+def _mask_case(R, T, seed):
+    # Prompt-like prefixes masked out, plus scattered masked steps.
+    rng, r, v, d = _data(R, T, seed=seed, p=0.05)
+    m = rng.random((R, T)) > 0.1
+    m[:, : T // 4] = False
+    return rng, r, v, d, m
+
+
+@pytest.mark.parametrize("T", LANE_LENGTHS)
+@pytest.mark.parametrize("R", LANE_ROWS)
+@pytest.mark.parametrize("decay", ["f32-state", "f64-state"])
+def test_lanes_mask_kernel_gives_the_pair_kernels_bits(build_spy, monkeypatch, R, T, decay):
+    rng, r, v, d, m = _mask_case(R, T, seed=R * 1000 + T + 13)
+    gamma, lam = (0.99, 0.95) if decay == "f32-state" else (0.999, 0.999)
+    last = rng.standard_normal(R).astype(np.float32)
+    carry = rng.standard_normal(R).astype(np.float32)
+    state = "f32" if decay == "f32-state" else "f64"
+    for dones in (d, None):
+        kw = dict(gamma=gamma, lam=lam, dones=dones, mask=m, last_value=last, last_advantage=carry)
+        build_spy.clear()
+        got, pairs = _lanes_and_pairs(monkeypatch, r, v, **kw)
+        want_calls = [("gae_lanes_mask", state)] + ([("gae_rows_fused", state)] if R % 8 else [])
+        assert build_spy[:len(want_calls)] == want_calls
+        assert _same_bits(got, pairs)
+        ref = gt.gae(r, v, **kw)
+        assert gt.assert_close(got[0], ref[0]) <= 2e-5 and gt.assert_close(got[1], ref[1]) <= 2e-5
+
+
+def test_lanes_mask_kernel_views_nan_and_threads(build_spy, monkeypatch):
+    # Reversed rows (addressed by their stride); a mask not contiguous along time
+    # takes the pair kernel; NaN and inf at masked steps and past an episode's end
+    # stay there; one thread gives the bits of two.
+    import numba
+
+    rng, r, v, d, m = _mask_case(19, 16 * 12 + 5, seed=23)
+    got, pairs = _lanes_and_pairs(monkeypatch, r[::-1], v[::-1], gamma=0.99, lam=0.95, dones=d[::-1], mask=m[::-1])
+    assert _same_bits(got, pairs)
+    wide = np.zeros((19, 2 * m.shape[1]), bool)
+    wide[:, ::2] = m
+    build_spy.clear()
+    got, pairs = _lanes_and_pairs(monkeypatch, r, v, gamma=0.99, lam=0.95, dones=d, mask=wide[:, ::2])
+    assert build_spy[0][0] != "gae_lanes_mask" and _same_bits(got, pairs)
+
+    monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
+    r2, v2, d2 = r.copy(), v.copy(), np.zeros_like(d)
+    m = m.copy()
+    m[:, 120] = True  # a done at a masked step is not a step at all
+    d2[:, 120] = True
+    r2[~m] = np.nan
+    v2[~m] = np.inf
+    r2[:, 121:140] = np.nan
+    adv, ret = gaescan.gae(r2, v2, gamma=0.99, lam=0.95, dones=d2, mask=m, backend="numba")
+    assert np.all(adv[~m] == 0) and np.all(ret[~m] == 0)
+    assert np.all(np.isfinite(adv[:, :121])) and np.all(np.isfinite(ret[:, :121]))
+    ref = gt.gae(r2[:, :121], v2[:, :121], gamma=0.99, lam=0.95, dones=d2[:, :121], mask=m[:, :121])
+    assert gt.assert_close(adv[:, :121], ref[0]) <= 2e-5
+
+    n = numba.get_num_threads()
+    a1 = gaescan.gae(r, v, gamma=0.999, lam=0.99, dones=d, mask=m, backend="numba")
+    try:
+        numba.set_num_threads(1)
+        a2 = gaescan.gae(r, v, gamma=0.999, lam=0.99, dones=d, mask=m, backend="numba")
+    finally:
+        numba.set_num_threads(n)
+    assert _same_bits(a1, a2)
+
+
 def test_lanes_next_kernel_nan_stays_in_its_episode(monkeypatch):
     # A NaN past a termination or a truncation never reaches the steps before it;
     # a NaN next value at a terminated step is not read into its advantage.

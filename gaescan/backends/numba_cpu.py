@@ -203,12 +203,13 @@ class _Fused:
     γ and λ, the boundary values, whether the state may be float32
     (``narrow``), ``rows_call``, the batch-major kernel for the call's
     size, ready to call (see :meth:`gaescan.kernels.cpu.Kernel.caller`), and
-    ``lanes_call`` and ``lanes_next_call``, the eight-rows-in-lanes kernels
-    (plain or with terminations; with ``next_values`` and both flags) where
-    they may serve (:func:`_lanes_kernel`; :func:`_call_rows` checks the
+    ``lanes_call``, ``lanes_next_call`` and ``lanes_mask_call``, the
+    eight-rows-in-lanes kernels (plain or with terminations; with
+    ``next_values`` and both flags; with a mask) where they may serve (:func:`_lanes_kernel`; :func:`_call_rows` checks the
     arrays' layout)."""
 
-    __slots__ = ("gcol", "lcol", "bound", "carry", "narrow", "rows_call", "lanes_call", "lanes_next_call")
+    __slots__ = ("gcol", "lcol", "bound", "carry", "narrow", "rows_call", "lanes_call", "lanes_next_call",
+                 "lanes_mask_call")
 
     def __init__(self, gcol: np.ndarray, lcol: np.ndarray, bound: np.ndarray, carry: np.ndarray,
                  narrow: bool, rows: Rows):
@@ -216,6 +217,7 @@ class _Fused:
         self.rows_call = _rows_kernel(rows.R, rows.T).caller(rows.dtype, narrow)
         self.lanes_call = _lanes_kernel(rows, narrow)
         self.lanes_next_call = None if self.lanes_call is None else cpu.gae_lanes_next.caller(_F4, narrow)
+        self.lanes_mask_call = None if self.lanes_call is None else cpu.gae_lanes_mask.caller(_F4, narrow)
 
 
 def _lanes_kernel(rows: Rows, narrow: bool) -> Any:
@@ -335,6 +337,20 @@ def _call_rows(prep: _Fused, r: np.ndarray, v: np.ndarray, nv: np.ndarray | None
             s = slice(r8, None)
             prep.rows_call(r[s], v[s], nv[s], True, term[s], True, trunc[s], _NO_FLAGS, False, prep.gcol[s],
                            prep.lcol[s], prep.bound[s], prep.carry[s], adv[s], ret[s])
+        return
+    if (prep.lanes_call is not None and nv is None and mask is not None
+            and all(_along_time(x) for x in (r, v, mask, adv, ret)) and (term is None or _along_time(term))):
+        # A mask (with or without terminations): eight rows at a time in SIMD
+        # lanes, the last R % 8 rows in pairs.
+        flags = _NO_FLAGS if term is None else term
+        prep.lanes_mask_call(r, v, flags, term is not None, mask, prep.gcol, prep.lcol, prep.bound, prep.carry,
+                             adv, ret)
+        r8 = r.shape[0] - r.shape[0] % 8
+        if r8 < r.shape[0]:
+            s = slice(r8, None)
+            prep.rows_call(r[s], v[s], v[s], False, flags if term is None else term[s], term is not None,
+                           _NO_FLAGS, mask[s], True, prep.gcol[s], prep.lcol[s], prep.bound[s], prep.carry[s],
+                           adv[s], ret[s])
         return
     if nv is not None:
         zeros = np.ndarray(r.shape, np.uint8, _ZERO8, 0, (0, 0))

@@ -132,8 +132,9 @@ class _Block:
                 self.builder.store(row, self.at(k, q, v8f, 4, h), align=4)
 
 
-def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = False) -> Any:
-    """The intrinsic ``block(r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8, nv, trunc)``.
+def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = False,
+                has_mask: bool = False) -> Any:
+    """The intrinsic ``block(r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8, nv, flags2)``.
 
     It runs steps ``t0 + steps - 1`` down to ``t0`` (``steps`` a multiple of 8:
     each row's loads and stores are ``steps / 8`` vectors, transposed 8 x 8 at
@@ -145,21 +146,29 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = Fal
     and are updated in place.
 
     With ``has_next`` (which needs ``has_term``) it also reads the float32
-    ``nv`` (``V'`` of each step) and the uint8 flags ``trunc``, and runs the
-    step of ``_nstep`` in :mod:`gaescan.kernels.cpu`: the bootstrap is cut
-    where ``term`` is set, the carry where ``term`` or ``trunc`` is; ``sv``
-    is then not used.  Without it, ``nv`` and ``trunc`` are not read (any
-    arrays of those types).
+    ``nv`` (``V'`` of each step) and the uint8 truncation flags ``flags2``,
+    and runs the step of ``_nstep`` in :mod:`gaescan.kernels.cpu`: the
+    bootstrap is cut where ``term`` is set, the carry where ``term`` or the
+    truncation is; ``sv`` is then not used.
+
+    With ``has_mask`` it reads the uint8 mask ``flags2`` and runs the step of
+    ``_mstep``: at a masked step the carried advantage and value pass through
+    and both outputs are 0, all by selects.
+
+    ``nv`` and ``flags2`` are not read where no option needs them (any arrays
+    of those types).
     """
     if has_next and not has_term:
         raise ValueError("the next_values block reads both flags: has_next needs has_term")
+    if has_next and has_mask:
+        raise ValueError("no lanes block takes next values and a mask together")
 
     @intrinsic
-    def block(typingctx, r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8, nv, trunc):
-        sig = types.void(r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8, nv, trunc)
+    def block(typingctx, r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8, nv, flags2):
+        sig = types.void(r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8, nv, flags2)
 
         def codegen(context, builder, signature, args):
-            arrays = (0, 1, 2, 3, 4, 11, 12) if has_next else range(5)
+            arrays = (0, 1, 2, 3, 4, 11, 12) if has_next else (0, 1, 2, 3, 4, 12) if has_mask else range(5)
             blk = _Block(context, builder, signature, args, arrays, args[5], args[6])
             f32 = ir.FloatType()
             v8f = ir.VectorType(f32, 8)
@@ -177,6 +186,9 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = Fal
             if has_next:
                 NV = blk.steps_of(11, v8f, 4, steps)
                 TR = blk.steps_of(12, v8b, 1, steps, lambda x: builder.zext(x, _I32x8))
+            if has_mask:
+                M = blk.steps_of(12, v8b, 1, steps, lambda x: builder.zext(x, _I32x8))
+                zf = ir.Constant(v8f, [0.0] * 8)
             pa, pv = blk.vec(7, v8s), blk.vec(8, v8f)
             A = builder.load(pa, align=8 if wide else 4)
             vn = builder.load(pv, align=4)
@@ -204,6 +216,17 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = Fal
                     out_r[s] = builder.fadd(o, vt)
                     continue
                 x = builder.call(fma_s, [gl, A, widen(builder.fsub(builder.call(fma_f, [g, vn, rt]), vt))])
+                if has_mask:
+                    # The step of _mstep: computed everywhere, chosen only where valid.
+                    ok = builder.icmp_unsigned("!=", M[s], zero)
+                    if has_term:
+                        x = builder.select(builder.icmp_unsigned("!=", D[s], zero), widen(builder.fsub(rt, vt)), x)
+                    A = builder.select(ok, x, A)
+                    vn = builder.select(ok, vt, vn)
+                    o = builder.select(ok, builder.fptrunc(x, v8f) if wide else x, zf)
+                    out_a[s] = o
+                    out_r[s] = builder.fadd(o, builder.select(ok, vt, zf))
+                    continue
                 if has_term:
                     # A select, not a multiplication by (1 - done): a NaN after the
                     # episode's end never reaches it.

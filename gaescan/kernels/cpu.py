@@ -810,9 +810,13 @@ _LANE_STEPS = 16
 _lanes_term = lanes_block(True, True, _LANE_STEPS)
 _lanes_plain = lanes_block(False, True, _LANE_STEPS)
 _lanes_next = lanes_block(True, True, _LANE_STEPS, has_next=True)
+_lanes_mask_term = lanes_block(True, True, _LANE_STEPS, has_mask=True)
+_lanes_mask = lanes_block(False, True, _LANE_STEPS, has_mask=True)
 _LANES_F4 = {"_lanes_term": lanes_block(True, False, _LANE_STEPS),
              "_lanes_plain": lanes_block(False, False, _LANE_STEPS),
-             "_lanes_next": lanes_block(True, False, _LANE_STEPS, has_next=True)}
+             "_lanes_next": lanes_block(True, False, _LANE_STEPS, has_next=True),
+             "_lanes_mask_term": lanes_block(True, False, _LANE_STEPS, has_mask=True),
+             "_lanes_mask": lanes_block(False, False, _LANE_STEPS, has_mask=True)}
 _F4T = types.float32
 
 
@@ -911,6 +915,56 @@ def gae_lanes_next(rewards, values, next_values, term, trunc, gcol, lcol, carry,
         for b in range(tb // _LANE_STEPS):
             t0 = tb - _LANE_STEPS * (b + 1)
             _lanes_next(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc)
+
+
+@kernel([types.void(_ro(_F4T, 2), _ro(_F4T, 2), _U8A, _B, _U8A, _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1),
+                    _ro(_F4T, 1), types.Array(_F4T, 2, "A"), types.Array(_F4T, 2, "A")), None],
+        parallel=True, fastmath=_FM)
+def gae_lanes_mask(rewards, values, term, has_term, mask, gcol, lcol, bound, carry, adv, ret):
+    """:func:`gae_lanes` with a mask (and terminations where ``has_term``),
+    eight rows at a time in SIMD lanes: rows ``0 .. 8·(R // 8) − 1`` (the
+    caller runs the others through :func:`gae_rows_fused`).
+
+    Each group of 8 rows first runs its last ``T % 16`` steps one row at a
+    time (:func:`_mstep`), then its blocks of 16 steps from the end, each one
+    call of a ``_lanes_mask*`` block, which runs the operations of
+    :func:`_mstep` on eight rows at once: the same bits as
+    :func:`_gae_pair`.  Every array must be contiguous along time.
+    """
+    R, T = rewards.shape
+    tail = T % _LANE_STEPS
+    tb = T - tail
+    zero = np.float32(0)
+    for grp in prange(R // 8):
+        i0 = grp * 8
+        sa = np.empty(8, _f8)
+        sv = np.empty(8, np.float32)
+        g8 = np.empty(8, np.float32)
+        gl8 = np.empty(8, _f8)
+        for q in range(8):
+            i = i0 + q
+            g = gcol[i]
+            gl = _f8(g) * _f8(lcol[i])
+            a = _f8(carry[i])
+            vn = bound[i]
+            for j in range(tail):
+                t = T - 1 - j
+                a, vn, b, w = _mstep(rewards[i, t], values[i, t], has_term and term[i, t] != 0, mask[i, t] != 0,
+                                     g, gl, a, vn, zero)
+                o = np.float32(b)
+                adv[i, t] = o
+                ret[i, t] = o + w
+            sa[q] = a
+            sv[q] = vn
+            g8[q] = g
+            gl8[q] = gl
+        for b in range(tb // _LANE_STEPS):
+            t0 = tb - _LANE_STEPS * (b + 1)
+            # The twelfth argument (next values) is not read.
+            if has_term:
+                _lanes_mask_term(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, rewards, mask)
+            else:
+                _lanes_mask(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, rewards, mask)
 
 
 @kernel(
