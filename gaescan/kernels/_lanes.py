@@ -15,12 +15,15 @@ calls once per block of 8 rows x ``steps`` steps (a multiple of 8):
    ``<8 x double>`` or ``<8 x float>`` (the carried advantage, per the
    build's state width): ``δ = fma(γ, V', r) − v`` in float32, then
    ``A = fma(γλ, A, δ)`` in the state width, and with terminations a select
-   of ``r − v`` (no bootstrap, no carry) where the flag is set;
+   of ``r − v`` (no bootstrap, no carry) where the flag is set (with a mask,
+   or next values and truncations, the selects of those steps, see
+   :func:`lanes_block`);
 4. the transposes back of both outputs (``A`` rounded to float32, and
    ``A + v``) and their 32-byte stores.
 
-These are the operations of the default kernel's step (``_gstep`` and the
-plain step of ``_gae_pair`` in :mod:`gaescan.kernels.cpu`), one for one, in
+These are the operations of the default kernel's step (``_gstep``,
+``_mstep``, ``_nstep`` and the plain step of ``_gae_pair`` in
+:mod:`gaescan.kernels.cpu`), one for one, in
 the same order and widths, so the results are bit for bit the same.  The
 carry between blocks lives in four 8-element arrays the caller owns: the
 state ``A``, the value after the block ``V'``, ``γ`` and ``γλ`` per row.

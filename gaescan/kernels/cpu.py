@@ -46,13 +46,15 @@ and AMD EPYC machines, is not faster (figures in ``benchmarks/results/``, see
 time-major kernels read each step's block of batch columns upwards.
 
 The fast paths at the end of the module (:func:`gae_rows_fused`,
-:func:`gae_lanes`, :func:`gae_timemajor`) serve plain GAE with terminations
-and per-row/scalar γ, λ (the common RL case): fused (δ computed on the fly,
-each output written once, no temporaries), rows in pairs on batch-major
-buffers, float32 rows eight at a time in SIMD lanes where they are contiguous
-along time (:mod:`gaescan.kernels._lanes` writes those vectors: LLVM does not
-vectorise a chain across rows by itself), vectorised across the batch on
-time-major buffers.
+:func:`gae_lanes`, :func:`gae_lanes_next`, :func:`gae_lanes_mask`,
+:func:`gae_timemajor`) serve GAE plain, with terminations, with a mask, or
+with ``next_values`` and both flags, with per-row/scalar γ, λ (the common RL
+cases): fused (δ computed on the fly, each output written once, no
+temporaries), rows in pairs on batch-major buffers, float32 rows eight at a
+time in SIMD lanes where they are contiguous along time
+(:mod:`gaescan.kernels._lanes` writes those vectors: LLVM does not vectorise
+a chain across rows by itself), vectorised across the batch on time-major
+buffers.
 """
 
 from __future__ import annotations
