@@ -4,10 +4,10 @@ Run: ``python benchmarks/lanes_bench.py [--repeat N] [--rounds N]``.
 
 ``gaescan.gae`` on float32 ``[256, 131072]`` rows, plain and with dones, runs
 :func:`gaescan.kernels.cpu.gae_lanes` (eight rows per SIMD register, see
-:mod:`gaescan.kernels._lanes`); with ``next_values``, terminations and
-truncations, :func:`gaescan.kernels.cpu.gae_lanes_next`; with a mask (a
-prompt-like prefix of each row), :func:`gaescan.kernels.cpu.gae_lanes_mask`.  The same process times the kernel it
-replaces, :func:`gaescan.kernels.cpu.gae_rows_fused` (two rows per loop), on
+:mod:`gaescan.kernels._lanes`), as it does with ``next_values``,
+terminations and truncations, and with a mask (a prompt-like prefix of each
+row).  The same process times the kernel it replaces,
+:func:`gaescan.kernels.cpu.gae_rows_fused` (two rows per loop), on
 the same inputs into the same preallocated outputs, the two calls in turn
 (medians of each), and a STREAM triad over the same element count, round
 after round.  Both state widths: γ=0.99, λ=0.95

@@ -731,8 +731,8 @@ def test_lanes_kernel_is_thread_count_independent(monkeypatch):
     assert _same_bits(a1, a2)
 
 
-# gae_lanes_next (float32, next_values with terminations and truncations, both
-# given) runs rows 8 at a time the same way, with the pair kernel's bits.
+# gae_lanes with next_values (float32, terminations and truncations both given)
+# runs rows 8 at a time the same way, with the pair kernel's bits.
 
 
 def _next_case(R, T, seed):
@@ -752,7 +752,7 @@ def test_lanes_next_kernel_gives_the_pair_kernels_bits(build_spy, monkeypatch, R
     build_spy.clear()
     got, pairs = _lanes_and_pairs(monkeypatch, r, v, **kw)
     state = "f32" if decay == "f32-state" else "f64"
-    want_calls = [("gae_lanes_next", state)] + ([("gae_rows_fused", state)] if R % 8 else [])
+    want_calls = [("gae_lanes", state)] + ([("gae_rows_fused", state)] if R % 8 else [])
     assert build_spy[:len(want_calls)] == want_calls
     assert _same_bits(got, pairs)
     ref = gt.gae(r, v, **kw)
@@ -782,7 +782,7 @@ def test_lanes_next_kernel_views_and_fallbacks(build_spy, monkeypatch, case):
         lanes = False
     build_spy.clear()
     got, pairs = _lanes_and_pairs(monkeypatch, r, v, **kw)
-    assert (build_spy[0][0] == "gae_lanes_next") is lanes
+    assert (build_spy[0][0] == "gae_lanes") is lanes
     assert _same_bits(got, pairs)
     ref = gt.gae(r, v, **{k: x for k, x in kw.items() if k != "out"})
     assert gt.assert_close(got[0], ref[0]) <= 2e-5 and gt.assert_close(got[1], ref[1]) <= 2e-5
@@ -790,7 +790,7 @@ def test_lanes_next_kernel_views_and_fallbacks(build_spy, monkeypatch, case):
         assert got[0] is kw["out"][0] and np.all(np.isnan(outs[0][:, :50])) and np.all(np.isnan(outs[0][:, 253:]))
 
 
-# gae_lanes_mask (float32, a mask, with or without terminations) likewise.
+# gae_lanes with a mask (float32, with or without terminations) likewise.
 
 
 def _mask_case(R, T, seed):
@@ -814,7 +814,7 @@ def test_lanes_mask_kernel_gives_the_pair_kernels_bits(build_spy, monkeypatch, R
         kw = dict(gamma=gamma, lam=lam, dones=dones, mask=m, last_value=last, last_advantage=carry)
         build_spy.clear()
         got, pairs = _lanes_and_pairs(monkeypatch, r, v, **kw)
-        want_calls = [("gae_lanes_mask", state)] + ([("gae_rows_fused", state)] if R % 8 else [])
+        want_calls = [("gae_lanes", state)] + ([("gae_rows_fused", state)] if R % 8 else [])
         assert build_spy[:len(want_calls)] == want_calls
         assert _same_bits(got, pairs)
         ref = gt.gae(r, v, **kw)
@@ -834,7 +834,7 @@ def test_lanes_mask_kernel_views_nan_and_threads(build_spy, monkeypatch):
     wide[:, ::2] = m
     build_spy.clear()
     got, pairs = _lanes_and_pairs(monkeypatch, r, v, gamma=0.99, lam=0.95, dones=d, mask=wide[:, ::2])
-    assert build_spy[0][0] != "gae_lanes_mask" and _same_bits(got, pairs)
+    assert build_spy[0][0] != "gae_lanes" and _same_bits(got, pairs)
 
     monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
     r2, v2, d2 = r.copy(), v.copy(), np.zeros_like(d)

@@ -203,21 +203,16 @@ class _Fused:
     γ and λ, the boundary values, whether the state may be float32
     (``narrow``), ``rows_call``, the batch-major kernel for the call's
     size, ready to call (see :meth:`gaescan.kernels.cpu.Kernel.caller`), and
-    ``lanes_call``, ``lanes_next_call`` and ``lanes_mask_call``, the
-    eight-rows-in-lanes kernels (plain or with terminations; with
-    ``next_values`` and both flags; with a mask) where they may serve (:func:`_lanes_kernel`; :func:`_call_rows` checks the
-    arrays' layout)."""
+    ``lanes_call``, the eight-rows-in-lanes kernel where it may serve
+    (:func:`_lanes_kernel`; :func:`_call_rows` checks the arrays' layout)."""
 
-    __slots__ = ("gcol", "lcol", "bound", "carry", "narrow", "rows_call", "lanes_call", "lanes_next_call",
-                 "lanes_mask_call")
+    __slots__ = ("gcol", "lcol", "bound", "carry", "narrow", "rows_call", "lanes_call")
 
     def __init__(self, gcol: np.ndarray, lcol: np.ndarray, bound: np.ndarray, carry: np.ndarray,
                  narrow: bool, rows: Rows):
         self.gcol, self.lcol, self.bound, self.carry, self.narrow = gcol, lcol, bound, carry, narrow
         self.rows_call = _rows_kernel(rows.R, rows.T).caller(rows.dtype, narrow)
         self.lanes_call = _lanes_kernel(rows, narrow)
-        self.lanes_next_call = None if self.lanes_call is None else cpu.gae_lanes_next.caller(_F4, narrow)
-        self.lanes_mask_call = None if self.lanes_call is None else cpu.gae_lanes_mask.caller(_F4, narrow)
 
 
 def _lanes_kernel(rows: Rows, narrow: bool) -> Any:
@@ -313,54 +308,30 @@ def _call_rows(prep: _Fused, r: np.ndarray, v: np.ndarray, nv: np.ndarray | None
                trunc: np.ndarray | None, mask: np.ndarray | None, adv: np.ndarray, ret: np.ndarray) -> None:
     """The batch-major fused kernel on prepared arrays (flags as uint8 views
     or ``None``).  With ``next_values`` the kernel reads both flags: absent
-    ones as zero-stride views of 0."""
-    if (prep.lanes_call is not None and nv is None and mask is None and _along_time(r) and _along_time(v)
-            and _along_time(adv) and _along_time(ret) and (term is None or _along_time(term))):
-        # Plain or with terminations: eight rows at a time in SIMD lanes, the
-        # last R % 8 rows in pairs.
-        flags = _NO_FLAGS if term is None else term
-        prep.lanes_call(r, v, flags, term is not None, prep.gcol, prep.lcol, prep.bound, prep.carry, adv, ret)
-        r8 = r.shape[0] - r.shape[0] % 8
-        if r8 < r.shape[0]:
-            s = slice(r8, None)
-            prep.rows_call(r[s], v[s], v[s], False, flags if term is None else term[s], term is not None,
-                           _NO_FLAGS, _NO_FLAGS, False, prep.gcol[s], prep.lcol[s], prep.bound[s],
-                           prep.carry[s], adv[s], ret[s])
-        return
-    if (prep.lanes_call is not None and nv is not None and term is not None and trunc is not None
-            and mask is None and all(_along_time(x) for x in (r, v, nv, term, trunc, adv, ret))):
-        # next_values with both flags: eight rows at a time in SIMD lanes, the
-        # last R % 8 rows in pairs.
-        prep.lanes_next_call(r, v, nv, term, trunc, prep.gcol, prep.lcol, prep.carry, adv, ret)
-        r8 = r.shape[0] - r.shape[0] % 8
-        if r8 < r.shape[0]:
-            s = slice(r8, None)
-            prep.rows_call(r[s], v[s], nv[s], True, term[s], True, trunc[s], _NO_FLAGS, False, prep.gcol[s],
-                           prep.lcol[s], prep.bound[s], prep.carry[s], adv[s], ret[s])
-        return
-    if (prep.lanes_call is not None and nv is None and mask is not None
-            and all(_along_time(x) for x in (r, v, mask, adv, ret)) and (term is None or _along_time(term))):
-        # A mask (with or without terminations): eight rows at a time in SIMD
-        # lanes, the last R % 8 rows in pairs.
-        flags = _NO_FLAGS if term is None else term
-        prep.lanes_mask_call(r, v, flags, term is not None, mask, prep.gcol, prep.lcol, prep.bound, prep.carry,
-                             adv, ret)
-        r8 = r.shape[0] - r.shape[0] % 8
-        if r8 < r.shape[0]:
-            s = slice(r8, None)
-            prep.rows_call(r[s], v[s], v[s], False, flags if term is None else term[s], term is not None,
-                           _NO_FLAGS, mask[s], True, prep.gcol[s], prep.lcol[s], prep.bound[s], prep.carry[s],
-                           adv[s], ret[s])
-        return
+    ones as zero-stride views of 0.  Where every array it reads is contiguous
+    along time (and, with ``next_values``, both flags are given), the
+    eight-rows-in-lanes kernel runs the rows it can and the pair kernel, with
+    the same arguments, the last ``R % 8``."""
     if nv is not None:
         zeros = np.ndarray(r.shape, np.uint8, _ZERO8, 0, (0, 0))
-        prep.rows_call(r, v, nv, True, zeros if term is None else term, term is not None,
-                       zeros if trunc is None else trunc, _NO_FLAGS, False, prep.gcol, prep.lcol, prep.bound,
-                       prep.carry, adv, ret)
+        args = (r, v, nv, True, zeros if term is None else term, term is not None,
+                zeros if trunc is None else trunc, _NO_FLAGS, False)
+        read = (r, v, nv, term, trunc, adv, ret)
+    else:
+        args = (r, v, v, False, _NO_FLAGS if term is None else term, term is not None, _NO_FLAGS,
+                _NO_FLAGS if mask is None else mask, mask is not None)
+        read = tuple(x for x in (r, v, term, mask, adv, ret) if x is not None)
+    tail = (prep.gcol, prep.lcol, prep.bound, prep.carry, adv, ret)
+    if prep.lanes_call is None or not all(x is not None and _along_time(x) for x in read):
+        prep.rows_call(*args, *tail)
         return
-    prep.rows_call(r, v, v, False, _NO_FLAGS if term is None else term, term is not None, _NO_FLAGS,
-                   _NO_FLAGS if mask is None else mask, mask is not None, prep.gcol, prep.lcol, prep.bound,
-                   prep.carry, adv, ret)
+    prep.lanes_call(*args, *tail)
+    R = r.shape[0]
+    r8 = R - R % 8
+    if r8 < R:
+        s = slice(r8, None)
+        prep.rows_call(*(x[s] if isinstance(x, np.ndarray) and x is not _NO_FLAGS else x for x in args),
+                       *(x[s] for x in tail))
 
 
 def _fused_replay(p: GAEProblem, rows: Rows, prep: _Fused) -> Any:

@@ -46,8 +46,7 @@ and AMD EPYC machines, is not faster (figures in ``benchmarks/results/``, see
 time-major kernels read each step's block of batch columns upwards.
 
 The fast paths at the end of the module (:func:`gae_rows_fused`,
-:func:`gae_lanes`, :func:`gae_lanes_next`, :func:`gae_lanes_mask`,
-:func:`gae_timemajor`) serve GAE plain, with terminations, with a mask, or
+:func:`gae_lanes`, :func:`gae_timemajor`) serve GAE plain, with terminations, with a mask, or
 with ``next_values`` and both flags, with per-row/scalar γ, λ (the common RL
 cases): fused (δ computed on the fly, each output written once, no
 temporaries), rows in pairs on batch-major buffers, float32 rows eight at a
@@ -822,116 +821,28 @@ _LANES_F4 = {"_lanes_term": lanes_block(True, False, _LANE_STEPS),
 _F4T = types.float32
 
 
-@kernel([types.void(_ro(_F4T, 2), _ro(_F4T, 2), _U8A, _B, _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1),
-                    _ro(_F4T, 1), types.Array(_F4T, 2, "A"), types.Array(_F4T, 2, "A")), None],
+@kernel([types.void(_ro(_F4T, 2), _ro(_F4T, 2), _ro(_F4T, 2), _B, _U8A, _B, _U8A, _U8A, _B, _ro(_F4T, 1),
+                    _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), types.Array(_F4T, 2, "A"),
+                    types.Array(_F4T, 2, "A")), None],
         parallel=True, fastmath=_FM)
-def gae_lanes(rewards, values, term, has_term, gcol, lcol, bound, carry, adv, ret):
-    """Batch-major fused GAE on float32 rows contiguous along time, plain or with
-    terminations, eight rows at a time in SIMD lanes: rows ``0 .. 8·(R // 8) − 1``
-    (the caller runs the others through :func:`gae_rows_fused`).
+def gae_lanes(rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
+              gcol, lcol, bound, carry, adv, ret):
+    """Batch-major fused GAE on float32 rows contiguous along time, eight rows
+    at a time in SIMD lanes: rows ``0 .. 8·(R // 8) − 1`` (the caller runs the
+    others through :func:`gae_rows_fused`, which takes the same arguments).
 
-    Each group of 8 rows first runs its last ``T % 16`` steps one row at a time
-    (:func:`_gstep`), then its blocks of 16 steps from the end, each one call of
-    the ``_lanes_*`` block: eight independent chains per instruction, where
-    :func:`_gae_pair` runs two.  The same operations as :func:`_gae_pair`, so
-    the same bits.  ``term`` is read only when ``has_term``; every array must
-    be contiguous along time (the block addresses rows by their stride and
-    steps by the item size).
-    """
-    R, T = rewards.shape
-    tail = T % _LANE_STEPS
-    tb = T - tail
-    for grp in prange(R // 8):
-        i0 = grp * 8
-        sa = np.empty(8, _f8)
-        sv = np.empty(8, np.float32)
-        g8 = np.empty(8, np.float32)
-        gl8 = np.empty(8, _f8)
-        for q in range(8):
-            i = i0 + q
-            g = gcol[i]
-            gl = _f8(g) * _f8(lcol[i])
-            a = _f8(carry[i])
-            vn = bound[i]
-            for j in range(tail):
-                t = T - 1 - j
-                x = values[i, t]
-                a = _gstep(rewards[i, t], x, vn, has_term and term[i, t] != 0, g, gl, a)
-                o = np.float32(a)
-                adv[i, t] = o
-                ret[i, t] = o + x
-                vn = x
-            sa[q] = a
-            sv[q] = vn
-            g8[q] = g
-            gl8[q] = gl
-        for b in range(tb // _LANE_STEPS):
-            t0 = tb - _LANE_STEPS * (b + 1)
-            # The last two arguments (next values, truncations) are not read here.
-            if has_term:
-                _lanes_term(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, rewards, term)
-            else:
-                _lanes_plain(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, rewards, term)
-
-
-@kernel([types.void(_ro(_F4T, 2), _ro(_F4T, 2), _ro(_F4T, 2), _U8A, _U8A, _ro(_F4T, 1), _ro(_F4T, 1),
-                    _ro(_F4T, 1), types.Array(_F4T, 2, "A"), types.Array(_F4T, 2, "A")), None],
-        parallel=True, fastmath=_FM)
-def gae_lanes_next(rewards, values, next_values, term, trunc, gcol, lcol, carry, adv, ret):
-    """:func:`gae_lanes` with ``next_values``, terminations and truncations
-    (all three given), eight rows at a time in SIMD lanes: rows
-    ``0 .. 8·(R // 8) − 1`` (the caller runs the others through
-    :func:`gae_rows_fused`).
+    The cases of :func:`gae_rows_fused`: plain or with terminations; a mask
+    (with or without terminations); ``next_values`` with terminations and
+    truncations, which must both be given here (``term`` and ``trunc`` are
+    read as arrays contiguous along time, not as zero-stride views).
 
     Each group of 8 rows first runs its last ``T % 16`` steps one row at a
-    time (:func:`_nstep`), then its blocks of 16 steps from the end, each one
-    call of the ``_lanes_next`` block, which runs the operations of
-    :func:`_nstep` on eight rows at once: the same bits as
-    :func:`_gae_pair`.  Every array must be contiguous along time.
-    """
-    R, T = rewards.shape
-    tail = T % _LANE_STEPS
-    tb = T - tail
-    for grp in prange(R // 8):
-        i0 = grp * 8
-        sa = np.empty(8, _f8)
-        sv = np.zeros(8, np.float32)
-        g8 = np.empty(8, np.float32)
-        gl8 = np.empty(8, _f8)
-        for q in range(8):
-            i = i0 + q
-            g = gcol[i]
-            gl = _f8(g) * _f8(lcol[i])
-            a = _f8(carry[i])
-            for j in range(tail):
-                t = T - 1 - j
-                x = values[i, t]
-                d = term[i, t] != 0
-                a = _nstep(rewards[i, t], x, next_values[i, t], d, d or trunc[i, t] != 0, g, gl, a)
-                o = np.float32(a)
-                adv[i, t] = o
-                ret[i, t] = o + x
-            sa[q] = a
-            g8[q] = g
-            gl8[q] = gl
-        for b in range(tb // _LANE_STEPS):
-            t0 = tb - _LANE_STEPS * (b + 1)
-            _lanes_next(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc)
-
-
-@kernel([types.void(_ro(_F4T, 2), _ro(_F4T, 2), _U8A, _B, _U8A, _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1),
-                    _ro(_F4T, 1), types.Array(_F4T, 2, "A"), types.Array(_F4T, 2, "A")), None],
-        parallel=True, fastmath=_FM)
-def gae_lanes_mask(rewards, values, term, has_term, mask, gcol, lcol, bound, carry, adv, ret):
-    """:func:`gae_lanes` with a mask (and terminations where ``has_term``),
-    eight rows at a time in SIMD lanes: rows ``0 .. 8·(R // 8) − 1`` (the
-    caller runs the others through :func:`gae_rows_fused`).
-
-    Each group of 8 rows first runs its last ``T % 16`` steps one row at a
-    time (:func:`_mstep`), then its blocks of 16 steps from the end, each one
-    call of a ``_lanes_mask*`` block, which runs the operations of
-    :func:`_mstep` on eight rows at once: the same bits as
-    :func:`_gae_pair`.  Every array must be contiguous along time.
+    time (:func:`_gstep`, :func:`_mstep` or :func:`_nstep`), then its blocks
+    of 16 steps from the end, each one call of a ``_lanes_*`` block: eight
+    independent chains per instruction, where :func:`_gae_pair` runs two.
+    The same operations as :func:`_gae_pair`, so the same bits.  Every array
+    it reads must be contiguous along time (the block addresses rows by
+    their stride and steps by the item size).
     """
     R, T = rewards.shape
     tail = T % _LANE_STEPS
@@ -951,9 +862,20 @@ def gae_lanes_mask(rewards, values, term, has_term, mask, gcol, lcol, bound, car
             vn = bound[i]
             for j in range(tail):
                 t = T - 1 - j
-                a, vn, b, w = _mstep(rewards[i, t], values[i, t], has_term and term[i, t] != 0, mask[i, t] != 0,
-                                     g, gl, a, vn, zero)
-                o = np.float32(b)
+                x = values[i, t]
+                w = x
+                if has_next:
+                    d = term[i, t] != 0
+                    a = _nstep(rewards[i, t], x, next_values[i, t], d, d or trunc[i, t] != 0, g, gl, a)
+                    o = np.float32(a)
+                elif has_mask:
+                    a, vn, b, w = _mstep(rewards[i, t], x, has_term and term[i, t] != 0, mask[i, t] != 0,
+                                         g, gl, a, vn, zero)
+                    o = np.float32(b)
+                else:
+                    a = _gstep(rewards[i, t], x, vn, has_term and term[i, t] != 0, g, gl, a)
+                    o = np.float32(a)
+                    vn = x
                 adv[i, t] = o
                 ret[i, t] = o + w
             sa[q] = a
@@ -962,11 +884,17 @@ def gae_lanes_mask(rewards, values, term, has_term, mask, gcol, lcol, bound, car
             gl8[q] = gl
         for b in range(tb // _LANE_STEPS):
             t0 = tb - _LANE_STEPS * (b + 1)
-            # The twelfth argument (next values) is not read.
-            if has_term:
-                _lanes_mask_term(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, rewards, mask)
+            # Each block reads the arrays its option needs (see lanes_block).
+            if has_next:
+                _lanes_next(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc)
+            elif has_mask and has_term:
+                _lanes_mask_term(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, mask)
+            elif has_mask:
+                _lanes_mask(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, mask)
+            elif has_term:
+                _lanes_term(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc)
             else:
-                _lanes_mask(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, rewards, mask)
+                _lanes_plain(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc)
 
 
 @kernel(
