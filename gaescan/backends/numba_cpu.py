@@ -312,17 +312,27 @@ def _call_rows(prep: _Fused, r: np.ndarray, v: np.ndarray, nv: np.ndarray | None
     along time (and, with ``next_values``, both flags are given), the
     eight-rows-in-lanes kernel runs the rows it can and the pair kernel, with
     the same arguments, the last ``R % 8``."""
+    if nv is None and prep.lanes_call is None:
+        # The small calls' path, kept free of the argument tuples below: a
+        # replayed call spends most of its host time here.
+        prep.rows_call(r, v, v, False, _NO_FLAGS if term is None else term, term is not None, _NO_FLAGS,
+                       _NO_FLAGS if mask is None else mask, mask is not None, prep.gcol, prep.lcol, prep.bound,
+                       prep.carry, adv, ret)
+        return
     if nv is not None:
         zeros = np.ndarray(r.shape, np.uint8, _ZERO8, 0, (0, 0))
         args = (r, v, nv, True, zeros if term is None else term, term is not None,
                 zeros if trunc is None else trunc, _NO_FLAGS, False)
-        read = (r, v, nv, term, trunc, adv, ret)
     else:
         args = (r, v, v, False, _NO_FLAGS if term is None else term, term is not None, _NO_FLAGS,
                 _NO_FLAGS if mask is None else mask, mask is not None)
-        read = tuple(x for x in (r, v, term, mask, adv, ret) if x is not None)
+    if prep.lanes_call is None:
+        prep.rows_call(*args, prep.gcol, prep.lcol, prep.bound, prep.carry, adv, ret)
+        return
     tail = (prep.gcol, prep.lcol, prep.bound, prep.carry, adv, ret)
-    if prep.lanes_call is None or not all(x is not None and _along_time(x) for x in read):
+    read = (r, v, nv, term, trunc, adv, ret) if nv is not None else (
+        r, v, adv, ret, r if term is None else term, r if mask is None else mask)
+    if not all([x is not None and _along_time(x) for x in read]):
         prep.rows_call(*args, *tail)
         return
     prep.lanes_call(*args, *tail)
