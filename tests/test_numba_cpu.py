@@ -918,3 +918,242 @@ def test_lanes_next_kernel_long_rows(monkeypatch, gamma, lam):
     assert _same_bits(got, pairs)
     ref = gt.gae(r, v, gamma=gamma, lam=lam, **kw)
     assert gt.assert_close(got[0], ref[0]) <= 2e-5 and gt.assert_close(got[1], ref[1]) <= 2e-5
+
+
+# gae_packed_lanes: packed float32 sequences, eight at a time in SIMD lanes.
+# Each sequence's results are the bits of the pair kernel on that sequence as
+# a row, whatever the groups, lanes and order.
+
+PACKED_CASES = ["plain", "dones", "mask", "mask+dones", "next"]
+
+
+def _packed_case(case, lengths, seed):
+    rng = np.random.default_rng(seed)
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    N, S = int(cu[-1]), len(lengths)
+    r, v = (rng.standard_normal(N).astype(np.float32) for _ in range(2))
+    kw = dict(cu_seqlens=cu, last_advantage=rng.standard_normal(S).astype(np.float32))
+    if case == "next":
+        kw.update(next_values=rng.standard_normal(N).astype(np.float32), terminated=rng.random(N) < 0.03,
+                  truncated=rng.random(N) < 0.03)
+    else:
+        kw["last_value"] = rng.standard_normal(S).astype(np.float32)
+    if "dones" in case:
+        kw["dones"] = rng.random(N) < 0.03
+    if "mask" in case:
+        kw["mask"] = rng.random(N) < 0.8
+    return r, v, kw
+
+
+def _per_sequence(r, v, gamma, lam, kw):
+    """Each sequence as a row of its own, through the pair kernel."""
+    cu = kw["cu_seqlens"]
+    adv, ret = np.full_like(r, np.nan), np.full_like(r, np.nan)
+    for s in range(len(cu) - 1):
+        lo, hi = cu[s], cu[s + 1]
+        if lo == hi:
+            continue
+        one = {k: (x[lo:hi][None] if x.shape == r.shape else float(x[s])) for k, x in kw.items()
+               if k != "cu_seqlens"}
+        a, b = gaescan.gae(r[lo:hi][None], v[lo:hi][None], gamma=gamma, lam=lam, backend="numba", **one)
+        adv[lo:hi], ret[lo:hi] = a[0], b[0]
+    return adv, ret
+
+
+def _packed_lengths(rng, S):
+    # every length around the 16-step block, empty sequences, and longer ones
+    return rng.choice(LANE_LENGTHS + [0, 0, 100, 257, 400, 1000], size=S)
+
+
+@pytest.mark.parametrize("case", PACKED_CASES)
+@pytest.mark.parametrize("decay", ["f32-state", "f64-state"])
+def test_packed_lanes_give_each_sequences_bits(build_spy, monkeypatch, case, decay):
+    gamma, lam = (0.99, 0.95) if decay == "f32-state" else (0.999, 0.999)
+    for S, seed in ((8, 1), (45, 2), (130, 3)):
+        r, v, kw = _packed_case(case, _packed_lengths(np.random.default_rng(seed), S), seed)
+        monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
+        monkeypatch.setattr(numba_cpu, "PACKED_MIN_MEAN_STEPS", 1)
+        build_spy.clear()
+        got = gaescan.gae(r, v, gamma=gamma, lam=lam, backend="numba", **kw)
+        assert build_spy == [("gae_packed_lanes", "f32" if decay == "f32-state" else "f64")]
+        monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 1 << 62)
+        assert _same_bits(got, _per_sequence(r, v, gamma, lam, kw))
+        ref = gt.gae(r, v, gamma=gamma, lam=lam, **kw)
+        assert gt.assert_close(got[0], ref[0]) <= 2e-5 and gt.assert_close(got[1], ref[1]) <= 2e-5
+
+
+def test_packed_lanes_split_changes_no_bit(monkeypatch):
+    # one group of lanes (one thread) or several: other sequences per lane, same bits
+    # (γλ here takes the float64 state, the plain call below)
+    import numba
+
+    monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
+    monkeypatch.setattr(numba_cpu, "PACKED_MIN_MEAN_STEPS", 1)
+    rng = np.random.default_rng(5)
+    r, v, kw = _packed_case("dones", rng.integers(0, 300, size=77), 5)
+    a1 = gaescan.gae(r, v, gamma=0.99999, lam=0.999, backend="numba", **kw)
+    n = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        a2 = gaescan.gae(r, v, gamma=0.99999, lam=0.999, backend="numba", **kw)
+    finally:
+        numba.set_num_threads(n)
+    assert _same_bits(a1, a2)
+    # three groups, one group in a random order, and blocks that start at
+    # other steps (``phase``)
+    S = len(kw["cu_seqlens"]) - 1
+    for (order, groups), phase in [(numba_cpu._packed_order(kw["cu_seqlens"], 3), 0),
+                                   ((rng.permutation(S), np.array([0, S])), 5),
+                                   (numba_cpu._packed_order(kw["cu_seqlens"], 9), 15)]:
+        got = np.empty_like(r), np.empty_like(r)
+        cpu.gae_packed_lanes(r[None], v[None], v[None], False, kw["dones"][None].view(np.uint8), True,
+                             numba_cpu._NO_FLAGS, numba_cpu._NO_FLAGS, False, np.full(1, 0.99999, np.float32),
+                             np.full(1, 0.999, np.float32), kw["last_value"], kw["last_advantage"],
+                             kw["cu_seqlens"], order.astype(np.int64), groups.astype(np.int64), phase, False,
+                             got[0][None], got[1][None])
+        assert _same_bits(a1, got)
+
+
+@pytest.mark.parametrize("S,groups", [(8, 1), (9, 1), (16, 2), (100, 2), (1000, 16)])
+def test_packed_lanes_order(S, groups):
+    # groups of consecutive sequences, at least 8 each, about equal steps;
+    # within each, the longest first
+    rng = np.random.default_rng(S)
+    lengths = rng.integers(0, 500, size=S)
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    order, bounds = numba_cpu._packed_order(cu, groups)
+    assert order.dtype == bounds.dtype == np.int64
+    assert len(bounds) == groups + 1 and bounds[0] == 0 and bounds[-1] == S and np.all(np.diff(bounds) >= 8)
+    assert np.array_equal(np.sort(order), np.arange(S))
+    for u in range(groups):
+        mine = order[bounds[u]:bounds[u + 1]]
+        assert np.array_equal(np.sort(mine), np.arange(bounds[u], bounds[u + 1]))
+        assert np.all(np.diff(lengths[mine]) <= 0)
+    if S >= 32 * groups:
+        steps = np.diff(cu[bounds])
+        assert np.all(np.abs(steps - cu[-1] / groups) <= 2 * lengths.max())
+
+
+def test_packed_lanes_nan_stays_in_its_sequence(monkeypatch):
+    monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
+    monkeypatch.setattr(numba_cpu, "PACKED_MIN_MEAN_STEPS", 1)
+    lengths = np.array([70, 33, 64, 17, 90, 48, 16, 81, 40, 55])
+    r, v, kw = _packed_case("dones", lengths, 9)
+    cu = kw["cu_seqlens"]
+    clean = gaescan.gae(r, v, gamma=0.99, lam=0.95, backend="numba", **kw)
+    r, v = r.copy(), v.copy()
+    r[cu[4]:cu[5]] = np.nan        # a whole sequence
+    v[cu[7]] = np.inf              # the first step of another
+    got = gaescan.gae(r, v, gamma=0.99, lam=0.95, backend="numba", **kw)
+    keep = np.ones(len(r), bool)
+    keep[cu[4]:cu[5]] = False
+    keep[cu[7]] = False
+    for x, y in zip(got, clean, strict=True):
+        assert np.array_equal(x[keep], y[keep])
+
+
+@pytest.mark.parametrize("why", ["float64", "per-step-gamma", "short", "few", "strided", "next-no-trunc",
+                                 "next+mask"])
+def test_packed_lanes_fallbacks(build_spy, monkeypatch, why):
+    # calls the packed-lanes kernel does not take run the general kernel
+    monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
+    if why != "short":
+        monkeypatch.setattr(numba_cpu, "PACKED_MIN_MEAN_STEPS", 1)
+    rng = np.random.default_rng(11)
+    lengths = rng.integers(20, 60, size=3 if why == "few" else 20)
+    r, v, kw = _packed_case("next" if why.startswith("next") else "plain", lengths, 11)
+    gamma = 0.99
+    if why == "float64":
+        r, v = r.astype(np.float64), v.astype(np.float64)
+        kw = {k: x.astype(np.float64) if x.dtype == np.float32 else x for k, x in kw.items()}
+    elif why == "per-step-gamma":
+        gamma = np.full(r.shape, 0.99, np.float32)
+    elif why == "strided":
+        r = np.repeat(r, 2)[::2]
+    elif why == "next-no-trunc":
+        del kw["truncated"]
+    elif why == "next+mask":
+        kw["mask"] = rng.random(r.shape) < 0.9
+    got = gaescan.gae(r, v, gamma=gamma, lam=0.95, backend="numba", **kw)
+    assert [k for k, _ in build_spy] == ["gae_rows"]
+    ref = gt.gae(r, v, gamma=gamma, lam=0.95, **kw)
+    assert gt.assert_close(got[0], ref[0]) <= 2e-5 and gt.assert_close(got[1], ref[1]) <= 2e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gamma,lam", [(0.99, 0.95), (float(np.float32(0.9999999)), float(np.float32(0.9999999)))])
+def test_packed_lanes_long_sequences(monkeypatch, gamma, lam):
+    # 2^17 + 3 steps in 11 sequences, γ and λ up to just below 1 (the float64 state)
+    lengths = np.array([1 << 14] * 5 + [5, 16, 31, 1 << 15, 0])
+    lengths = np.append(lengths, (1 << 17) + 3 - lengths.sum())
+    r, v, kw = _packed_case("dones", lengths, 13)
+    kw["dones"] &= np.random.default_rng(3).random(r.shape) < 0.02
+    got = gaescan.gae(r, v, gamma=gamma, lam=lam, backend="numba", **kw)
+    monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 1 << 62)
+    assert _same_bits(got, _per_sequence(r, v, gamma, lam, kw))
+    ref = gt.gae(r, v, gamma=gamma, lam=lam, **kw)
+    assert gt.assert_close(got[0], ref[0]) <= 2e-5 and gt.assert_close(got[1], ref[1]) <= 2e-5
+
+
+# Non-temporal stores (numba_cpu.STREAM_MIN_BYTES and up, outputs whose rows
+# start their 64-byte lines at one step): the same bits as ordinary stores.
+
+
+def _aligned_out(R, T, row_items, offset):
+    """Two float32 ``(R, T)`` views whose rows are ``row_items`` apart, each
+    row's step 0 ``offset`` items past a 64-byte boundary."""
+    outs = []
+    for _ in range(2):
+        buf = np.full(R * row_items + 64, np.nan, np.float32)
+        skip = (-buf.__array_interface__["data"][0] % 64) // 4 + offset
+        outs.append(buf[skip:skip + R * row_items].reshape(R, row_items)[:, :T])
+    return outs
+
+
+@pytest.mark.parametrize("case", ["plain", "dones", "mask", "next"])
+@pytest.mark.parametrize("T,offset", [(131, 0), (131, 5), (20, 7), (16, 3), (61, 15)])
+def test_streaming_rows_give_the_same_bits(monkeypatch, case, T, offset):
+    R = 17
+    rng, r, v, d = _data(R, T, seed=T + offset, p=0.05)
+    kw = dict(gamma=0.99, lam=0.95)
+    if case == "dones":
+        kw["dones"] = d
+    elif case == "mask":
+        kw.update(dones=d, mask=rng.random((R, T)) < 0.8)
+    elif case == "next":
+        kw.update(next_values=rng.standard_normal((R, T)).astype(np.float32), terminated=d,
+                  truncated=rng.random((R, T)) < 0.05)
+    monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
+    plain = gaescan.gae(r, v, backend="numba", **kw)
+    monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 0)
+    out = _aligned_out(R, T, T + (-T) % 16 + 16, offset)
+    assert numba_cpu._stream(*out) == ((16 - offset) % 16, True)
+    got = gaescan.gae(r, v, backend="numba", out=tuple(out), **kw)
+    assert _same_bits(got, plain)
+
+
+@pytest.mark.parametrize("case", PACKED_CASES)
+@pytest.mark.parametrize("offset", [0, 9])
+def test_streaming_packed_gives_the_same_bits(monkeypatch, case, offset):
+    monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
+    monkeypatch.setattr(numba_cpu, "PACKED_MIN_MEAN_STEPS", 1)
+    r, v, kw = _packed_case(case, _packed_lengths(np.random.default_rng(offset), 60), offset)
+    plain = gaescan.gae(r, v, gamma=0.99, lam=0.95, backend="numba", **kw)
+    monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 0)
+    out = [x[0] for x in _aligned_out(1, len(r), len(r), offset)]
+    assert numba_cpu._stream(*out)[1]
+    got = gaescan.gae(r, v, gamma=0.99, lam=0.95, backend="numba", out=tuple(out), **kw)
+    assert _same_bits(got, plain)
+
+
+def test_streaming_needs_aligned_rows(monkeypatch):
+    monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 0)
+    a, b = _aligned_out(4, 40, 48, 2)
+    assert numba_cpu._stream(a, b) == (14, True)
+    assert numba_cpu._stream(*_aligned_out(4, 40, 44, 2)) == (14, False)    # rows 176 bytes apart
+    c, _ = _aligned_out(4, 40, 48, 3)
+    assert numba_cpu._stream(a, c) == (14, False)                            # lines start at other steps
+    assert numba_cpu._stream(a[:1], c[:1]) == (14, False)
+    assert numba_cpu._stream(a[:, 4:], b[:, 4:]) == (10, True)
+    monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", a.nbytes + 1)
+    assert numba_cpu._stream(a, b) == (14, False)                            # small outputs

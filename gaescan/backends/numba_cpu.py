@@ -41,6 +41,7 @@ from __future__ import annotations
 from math import copysign
 from typing import Any
 
+import numba
 import numpy as np
 
 from .._problem import Coeff, GAEProblem, ReturnsProblem, Rows, ScanProblem
@@ -176,8 +177,92 @@ def _gae(p: GAEProblem, keep: bool) -> Any:
         prep = _fused_prep(p, rows)
         if prep is not None and _gae_fast(p, rows, prep):
             return _fused_replay(p, rows, prep) if keep else None
-    _gae_general(p, rows)
+    if rows.cu_seqlens is None or not _gae_packed(p, rows):
+        _gae_general(p, rows)
     return None
+
+
+# The packed-lanes kernel runs sequences of at least this many steps on
+# average: shorter ones run mostly one step at a time (the lanes' heads and
+# tails), where the general kernel runs two sequences per loop.
+PACKED_MIN_MEAN_STEPS = 256
+
+
+def _gae_packed(p: GAEProblem, rows: Rows) -> bool:
+    """Packed float32 sequences through :func:`gaescan.kernels.cpu.gae_packed_lanes`;
+    ``False`` (nothing run) where it does not serve: float64, γ or λ not
+    scalar, a mask with ``next_values``, ``next_values`` without both flags,
+    fewer than 8 sequences, short sequences (``PACKED_MIN_MEAN_STEPS``), a
+    call the calling thread runs (``SERIAL_MAX_STEPS``), or an array whose
+    steps are not consecutive in memory."""
+    S, N = rows.nseg, rows.T
+    if rows.dtype != _F4 or S < 8 or N < PACKED_MIN_MEAN_STEPS * S or N <= SERIAL_MAX_STEPS:
+        return False
+    if not (isinstance(p.gamma, float) and isinstance(p.lam, float)):
+        return False
+    has_next = p.next_values is not None
+    if has_next and (p.mask is not None or p.terminated is None or p.truncated is None):
+        return False
+    r, v = _data(p.rewards, rows), _data(p.values, rows)
+    nv = _data(p.next_values, rows) if has_next else v
+    term = _NO_FLAGS if p.terminated is None else _flag8(p.terminated)
+    trunc = _NO_FLAGS if p.truncated is None else _flag8(p.truncated)
+    mask = _NO_FLAGS if p.mask is None else _flag8(p.mask)
+    read = [x for x in (r, v, nv, term, trunc, mask, p.advantages, p.returns) if x is not _NO_FLAGS]
+    if not all(_along_time(x) for x in read):
+        return False
+    gcol, lcol = _const_col(p.gamma, 1, _F4), _const_col(p.lam, 1, _F4)
+    order, groups = _packed_order(rows.cu_seqlens, max(1, min(numba.get_num_threads(), S // 8)))
+    _run(cpu.gae_packed_lanes, _gae_narrow(p, rows, gcol, lcol))(
+        r, v, nv, has_next, term, p.terminated is not None, trunc, mask, p.mask is not None,
+        gcol, lcol, _bound(p.last_value, rows), _bound(p.last_advantage, rows), rows.cu_seqlens, order, groups,
+        *_stream(p.advantages, p.returns), p.advantages, p.returns)
+    return True
+
+
+# From this many bytes of each output up, the lanes kernels write the outputs
+# by non-temporal stores where their alignment allows (see _stream): at sizes
+# beyond the caches, that saves reading each output line before writing it.
+# Below, a caller that reads the outputs next finds them in the caches.
+STREAM_MIN_BYTES = 8 << 20
+
+
+def _stream(adv: np.ndarray, ret: np.ndarray) -> tuple[int, bool]:
+    """``(phase, stream)`` for float32 outputs contiguous along time: ``phase``
+    the first step of row 0 of ``adv`` that starts a 64-byte line, modulo 16
+    (0 when its items are not 4-byte aligned); ``stream`` whether the lanes
+    kernels may write both outputs by non-temporal stores.  They may where
+    each is ``STREAM_MIN_BYTES`` or more, and every row of both starts its
+    lines at that same step: rows a multiple of 64 bytes apart, and the two
+    outputs' starts too."""
+    a = adv.__array_interface__["data"][0]
+    phase = (-a // 4) % 16 if a % 4 == 0 else 0
+    if adv.nbytes < STREAM_MIN_BYTES or a % 4 or (a - ret.__array_interface__["data"][0]) % 64:
+        return phase, False
+    if adv.ndim == 2 and adv.shape[0] > 1 and (adv.strides[0] % 64 or ret.strides[0] % 64):
+        return phase, False
+    return phase, True
+
+
+def _packed_order(cu: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(order, bounds)``: group ``u`` of :func:`gaescan.kernels.cpu.gae_packed_lanes`
+    runs sequences ``order[bounds[u] : bounds[u + 1]]``.  The groups are runs
+    of consecutive sequences of about equal steps, at least 8 sequences each
+    (``len(cu) − 1 >= 8 * groups``); within each, the longest come first."""
+    S = len(cu) - 1
+    target = cu[-1] * np.arange(1, groups) / groups
+    k = np.searchsorted(cu, target)
+    # the nearer of the two sequence boundaries around each target
+    k -= (k > 0) & (target - cu[np.maximum(k - 1, 0)] < cu[np.minimum(k, S)] - target)
+    bounds = np.concatenate([[0], k, [S]]).astype(np.int64)
+    for i in range(1, groups):
+        bounds[i] = max(bounds[i], bounds[i - 1] + 8)
+    for i in range(groups - 1, 0, -1):
+        bounds[i] = min(bounds[i], bounds[i + 1] - 8)
+    lengths = np.diff(cu)
+    group = np.repeat(np.arange(groups, dtype=np.int64), np.diff(bounds))
+    order = np.lexsort((-lengths, group)).astype(np.int64)
+    return order, bounds
 
 
 def _gae_general(p: GAEProblem, rows: Rows) -> None:
@@ -335,7 +420,8 @@ def _call_rows(prep: _Fused, r: np.ndarray, v: np.ndarray, nv: np.ndarray | None
     if not all([x is not None and _along_time(x) for x in read]):
         prep.rows_call(*args, *tail)
         return
-    prep.lanes_call(*args, *tail)
+    phase, stream = _stream(adv, ret)
+    prep.lanes_call(*args, prep.gcol, prep.lcol, prep.bound, prep.carry, phase if stream else 0, stream, adv, ret)
     R = r.shape[0]
     r8 = R - R % 8
     if r8 < R:

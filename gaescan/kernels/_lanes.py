@@ -81,14 +81,22 @@ class _Block:
     step.  Batch-major arrays are ``[row, step]``, contiguous along time: each
     row's steps load as one vector and 8 x 8 transposes turn rows into steps.
     Time-major arrays (``time_major``) are ``[step, row]``, contiguous along
-    rows: each step of the 8 rows loads as one vector."""
+    rows: each step of the 8 rows loads as one vector.
+
+    With ``starts`` (the index of an 8-element int64 argument), lane ``q`` is
+    not row ``i0 + q`` but the steps from ``starts[q]`` of row 0: eight places
+    of one long row (packed sequences), each with a start of its own."""
 
     def __init__(self, context: Any, builder: Any, signature: Any, args: Any, arrays: range, i0: Any,
-                 t0: Any, time_major: bool = False) -> None:
+                 t0: Any, time_major: bool = False, starts: int | None = None) -> None:
         self.time_major = time_major
         self.context, self.builder, self.args, self.st = context, builder, args, signature.args
         self.intp = context.get_value_type(types.intp)
         self.i0, self.t0 = i0, t0
+        self.starts = None
+        if starts is not None:
+            ptr = self.vec(starts, self.intp)
+            self.starts = [builder.load(builder.gep(ptr, [ir.Constant(self.intp, q)])) for q in range(8)]
         self.bases = {}
         for k in arrays:
             a = context.make_array(self.st[k])(context, builder, args[k])
@@ -100,6 +108,9 @@ class _Block:
         (time-major) as a pointer to ``ty``."""
         b, intp = self.builder, self.intp
         start, stride = self.bases[k]
+        if self.starts is not None:
+            off = b.mul(b.add(self.starts[q], ir.Constant(intp, h)), ir.Constant(intp, itemsize))
+            return b.inttoptr(b.add(start, off), ty.as_pointer())
         major, minor = (self.t0, self.i0) if self.time_major else (self.i0, self.t0)
         off = b.add(b.mul(b.add(major, ir.Constant(intp, h if self.time_major else q)), stride),
                     b.mul(b.add(minor, ir.Constant(intp, q if self.time_major else h)), ir.Constant(intp, itemsize)))
@@ -124,19 +135,45 @@ class _Block:
             out += transpose8(self.builder, rows)
         return out
 
-    def store_steps(self, k: int, cols: list[Any], v8f: Any) -> None:
-        """Vector ``s`` of ``cols`` to step ``t0 + s`` of the 8 float32 rows of array ``k``."""
+    def store_steps(self, k: int, cols: list[Any], v8f: Any, stream: bool = False) -> None:
+        """Vector ``s`` of ``cols`` to step ``t0 + s`` of the 8 float32 rows of array ``k``.
+
+        With ``stream``, non-temporal stores of 32-byte aligned vectors (the
+        caller guarantees the alignment), each row's line written whole before the next."""
         if self.time_major:
             for s, col in enumerate(cols):
                 self.builder.store(col, self.at(k, 0, v8f, 4, s), align=4)
             return
-        for h in range(0, len(cols), 8):
-            for q, row in enumerate(transpose8(self.builder, cols[h:h + 8])):
-                self.builder.store(row, self.at(k, q, v8f, 4, h), align=4)
+        rows = [transpose8(self.builder, cols[h:h + 8]) for h in range(0, len(cols), 8)]
+        if not stream:
+            for h in range(len(rows)):
+                for q, row in enumerate(rows[h]):
+                    self.builder.store(row, self.at(k, q, v8f, 4, 8 * h), align=4)
+            return
+        nt = self.builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+        for q in range(8):
+            for h in range(len(rows)):
+                st = self.builder.store(rows[h][q], self.at(k, q, v8f, 4, 8 * h), align=32)
+                st.set_metadata("nontemporal", nt)
+
+
+@intrinsic
+def sfence(typingctx):
+    """A store fence: the non-temporal stores before it are visible to other
+    threads (x86 orders them by no other fence a kernel runs)."""
+    sig = types.void()
+
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
+                                            "llvm.x86.sse.sfence")
+        builder.call(fn, [])
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = False,
-                has_mask: bool = False) -> Any:
+                has_mask: bool = False, packed: bool = False, stream: bool = False) -> Any:
     """The intrinsic ``block(r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8, nv, flags2)``.
 
     It runs steps ``t0 + steps - 1`` down to ``t0`` (``steps`` a multiple of 8:
@@ -160,6 +197,16 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = Fal
 
     ``nv`` and ``flags2`` are not read where no option needs them (any arrays
     of those types).
+
+    With ``packed``, ``i0`` is an int64 array of 8 starts and ``t0`` is not
+    read: lane ``q`` runs steps ``i0[q] + steps - 1`` down to ``i0[q]`` of row 0
+    (eight places of one row of packed sequences, see :class:`_Block`).
+
+    With ``stream``, the outputs are written by non-temporal stores, each
+    row's 64 bytes whole before the next: no read of the lines for ownership,
+    and the outputs do not evict the inputs from the caches.  Every 8-step
+    vector of ``adv`` and ``ret`` must then be 32-byte aligned (a misaligned
+    one faults), and the kernel runs :func:`sfence` before it returns.
     """
     if has_next and not has_term:
         raise ValueError("the next_values block reads both flags: has_next needs has_term")
@@ -172,7 +219,8 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = Fal
 
         def codegen(context, builder, signature, args):
             arrays = (0, 1, 2, 3, 4, 11, 12) if has_next else (0, 1, 2, 3, 4, 12) if has_mask else range(5)
-            blk = _Block(context, builder, signature, args, arrays, args[5], args[6])
+            blk = _Block(context, builder, signature, args, arrays, args[5], args[6],
+                         starts=5 if packed else None)
             f32 = ir.FloatType()
             v8f = ir.VectorType(f32, 8)
             v8s = ir.VectorType(ir.DoubleType() if wide else f32, 8)
@@ -243,8 +291,8 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = Fal
             builder.store(A, pa, align=8 if wide else 4)
             if not has_next:
                 builder.store(vn, pv, align=4)
-            blk.store_steps(3, out_a, v8f)
-            blk.store_steps(4, out_r, v8f)
+            blk.store_steps(3, out_a, v8f, stream)
+            blk.store_steps(4, out_r, v8f, stream)
             return context.get_dummy_value()
 
         return sig, codegen

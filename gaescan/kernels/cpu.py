@@ -69,7 +69,7 @@ from numba import njit, prange, types
 from numba.core.caching import NullCache
 
 from .. import _threading
-from ._lanes import lanes_block
+from ._lanes import lanes_block, sfence
 
 _FLOATS = (types.float32, types.float64)
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -248,7 +248,8 @@ def _renamed(func: Callable[..., Any], suffix: str, namespace: dict[str, Any]) -
 # The njit helpers that touch the recurrence state.  The float32-state builds
 # resolve their globals in a copy of this module's namespace where ``_f8`` is
 # float32 and each of these helpers is a copy compiled against that namespace.
-_STATE_HELPERS = ("_gae_at", "_ret_at", "_scan_at", "_gstep", "_mstep", "_nstep",
+_STATE_HELPERS = ("_gae_at", "_ret_at", "_scan_at", "_gstep", "_mstep", "_nstep", "_lane_steps",
+                  "_rows_block", "_packed_block",
                   "_gae_span", "_gae_span2", "_ret_span", "_ret_span2",
                   "_gae_pair", "_gae_unit", "_ret_pair", "_ret_unit")
 _F4_NAMESPACE: dict[str, Any] = {}
@@ -808,45 +809,157 @@ def gae_rows_fused_1t(rewards, values, next_values, has_next, term, has_term, tr
 # with a float64 state; the float32-state namespace (:func:`_f4_namespace`) holds the
 # float32-state ones under the same names.
 _LANE_STEPS = 16
-_lanes_term = lanes_block(True, True, _LANE_STEPS)
-_lanes_plain = lanes_block(False, True, _LANE_STEPS)
-_lanes_next = lanes_block(True, True, _LANE_STEPS, has_next=True)
-_lanes_mask_term = lanes_block(True, True, _LANE_STEPS, has_mask=True)
-_lanes_mask = lanes_block(False, True, _LANE_STEPS, has_mask=True)
-_LANES_F4 = {"_lanes_term": lanes_block(True, False, _LANE_STEPS),
-             "_lanes_plain": lanes_block(False, False, _LANE_STEPS),
-             "_lanes_next": lanes_block(True, False, _LANE_STEPS, has_next=True),
-             "_lanes_mask_term": lanes_block(True, False, _LANE_STEPS, has_mask=True),
-             "_lanes_mask": lanes_block(False, False, _LANE_STEPS, has_mask=True)}
+_LANE_CASES = {"term": dict(has_term=True), "plain": {}, "next": dict(has_term=True, has_next=True),
+               "mask_term": dict(has_term=True, has_mask=True), "mask": dict(has_mask=True)}
+
+
+def _lane_blocks(wide: bool) -> dict[str, Any]:
+    """Every block of one state width: ``_lanes_<case>`` (rows ``i0 ..
+    i0 + 7``) and ``_planes_<case>`` (eight places of one packed row), and
+    each again with ``_nt`` (non-temporal stores)."""
+    blocks = {}
+    for case, kw in _LANE_CASES.items():
+        for prefix, packed in (("_lanes", False), ("_planes", True)):
+            for suffix, stream in (("", False), ("_nt", True)):
+                blocks[f"{prefix}_{case}{suffix}"] = lanes_block(
+                    kw.get("has_term", False), wide, _LANE_STEPS, has_next=kw.get("has_next", False),
+                    has_mask=kw.get("has_mask", False), packed=packed, stream=stream)
+    return blocks
+
+
+_LANES_F8 = _lane_blocks(True)
+_LANES_F4 = _lane_blocks(False)
+(_lanes_term, _lanes_plain, _lanes_next, _lanes_mask_term, _lanes_mask,
+ _lanes_term_nt, _lanes_plain_nt, _lanes_next_nt, _lanes_mask_term_nt, _lanes_mask_nt,
+ _planes_term, _planes_plain, _planes_next, _planes_mask_term, _planes_mask,
+ _planes_term_nt, _planes_plain_nt, _planes_next_nt, _planes_mask_term_nt, _planes_mask_nt) = (
+    _LANES_F8[f"{prefix}_{case}{suffix}"] for prefix in ("_lanes", "_planes") for suffix in ("", "_nt")
+    for case in _LANE_CASES)
 _F4T = types.float32
 
 
+# One block of the case at hand.  Each block reads the arrays its option needs
+# (see lanes_block): ``next_values`` and ``trunc`` with next values, ``mask``
+# with a mask.
+@njit(inline="always")
+def _rows_block(rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
+                i0, t0, sa, sv, g8, gl8, adv, ret, stream):
+    """The block of rows ``i0 .. i0 + 7``, steps ``t0 .. t0 + 15``."""
+    if stream:
+        if has_next:
+            _lanes_next_nt(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc)
+        elif has_mask and has_term:
+            _lanes_mask_term_nt(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, mask)
+        elif has_mask:
+            _lanes_mask_nt(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, mask)
+        elif has_term:
+            _lanes_term_nt(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc)
+        else:
+            _lanes_plain_nt(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc)
+    elif has_next:
+        _lanes_next(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc)
+    elif has_mask and has_term:
+        _lanes_mask_term(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, mask)
+    elif has_mask:
+        _lanes_mask(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, mask)
+    elif has_term:
+        _lanes_term(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc)
+    else:
+        _lanes_plain(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc)
+
+
+@njit(inline="always")
+def _packed_block(rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
+                  starts, sa, sv, g8, gl8, adv, ret, stream):
+    """The block of steps ``starts[q] .. starts[q] + 15`` of row 0 in lane ``q``."""
+    if stream:
+        if has_next:
+            _planes_next_nt(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, trunc)
+        elif has_mask and has_term:
+            _planes_mask_term_nt(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, mask)
+        elif has_mask:
+            _planes_mask_nt(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, mask)
+        elif has_term:
+            _planes_term_nt(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, trunc)
+        else:
+            _planes_plain_nt(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, trunc)
+    elif has_next:
+        _planes_next(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, trunc)
+    elif has_mask and has_term:
+        _planes_mask_term(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, mask)
+    elif has_mask:
+        _planes_mask(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, mask)
+    elif has_term:
+        _planes_term(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, trunc)
+    else:
+        _planes_plain(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, trunc)
+
+
+@njit(inline="always", fastmath=_FM)
+def _lane_steps(rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
+                i, hi, lo, g, gl, a, vn, zero, adv, ret):
+    """Steps ``hi − 1`` down to ``lo`` of float32 row ``i``, one at a time, with
+    the step of the lanes blocks (:func:`_nstep`, :func:`_mstep` or
+    :func:`_gstep`: the same bits); returns the carried ``(A, V')``."""
+    for t in range(hi - 1, lo - 1, -1):
+        x = values[i, t]
+        w = x
+        if has_next:
+            d = term[i, t] != 0
+            a = _nstep(rewards[i, t], x, next_values[i, t], d, d or trunc[i, t] != 0, g, gl, a)
+            o = np.float32(a)
+        elif has_mask:
+            a, vn, b, w = _mstep(rewards[i, t], x, has_term and term[i, t] != 0, mask[i, t] != 0,
+                                 g, gl, a, vn, zero)
+            o = np.float32(b)
+        else:
+            a = _gstep(rewards[i, t], x, vn, has_term and term[i, t] != 0, g, gl, a)
+            o = np.float32(a)
+            vn = x
+        adv[i, t] = o
+        ret[i, t] = o + w
+    return a, vn
+
+
 @kernel([types.void(_ro(_F4T, 2), _ro(_F4T, 2), _ro(_F4T, 2), _B, _U8A, _B, _U8A, _U8A, _B, _ro(_F4T, 1),
-                    _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), types.Array(_F4T, 2, "A"),
+                    _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), types.int64, _B, types.Array(_F4T, 2, "A"),
                     types.Array(_F4T, 2, "A")), None],
         parallel=True, fastmath=_FM)
 def gae_lanes(rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
-              gcol, lcol, bound, carry, adv, ret):
+              gcol, lcol, bound, carry, phase, stream, adv, ret):
     """Batch-major fused GAE on float32 rows contiguous along time, eight rows
     at a time in SIMD lanes: rows ``0 .. 8·(R // 8) − 1`` (the caller runs the
-    others through :func:`gae_rows_fused`, which takes the same arguments).
+    others through :func:`gae_rows_fused`, which takes the same arguments
+    less ``phase`` and ``stream``).
 
     The cases of :func:`gae_rows_fused`: plain or with terminations; a mask
     (with or without terminations); ``next_values`` with terminations and
     truncations, which must both be given here (``term`` and ``trunc`` are
     read as arrays contiguous along time, not as zero-stride views).
 
-    Each group of 8 rows first runs its last ``T % 16`` steps one row at a
-    time (:func:`_gstep`, :func:`_mstep` or :func:`_nstep`), then its blocks
-    of 16 steps from the end, each one call of a ``_lanes_*`` block: eight
-    independent chains per instruction, where :func:`_gae_pair` runs two.
-    The same operations as :func:`_gae_pair`, so the same bits.  Every array
-    it reads must be contiguous along time (the block addresses rows by
-    their stride and steps by the item size).
+    The blocks of 16 steps start at steps ``phase + 16·k`` (``phase`` <
+    16; 0 where the row is shorter than ``phase + 16``, and then the blocks
+    write by ordinary stores).  Each group of 8 rows
+    first runs its steps after the last block one row at a time
+    (:func:`_lane_steps`: the step of :func:`_gstep`, :func:`_mstep` or
+    :func:`_nstep`), then its blocks from the end, each one call of a
+    ``_lanes_*`` block (:func:`_rows_block`): eight independent chains per
+    instruction, where :func:`_gae_pair` runs two; then its first ``phase``
+    steps one row at a time.  The same operations as :func:`_gae_pair`, so
+    the same bits, whatever ``phase``.  Every array it reads must be
+    contiguous along time (the block addresses rows by their stride and
+    steps by the item size).
+
+    With ``stream`` the blocks write by non-temporal stores (the ``_nt``
+    blocks): the caller guarantees that step ``phase`` of every row of
+    ``adv`` and ``ret`` starts a 32-byte aligned vector.
     """
     R, T = rewards.shape
-    tail = T % _LANE_STEPS
-    tb = T - tail
+    h0 = phase if phase + _LANE_STEPS <= T else 0
+    # Blocks that do not start at ``phase`` are not aligned for streaming.
+    nt = stream and h0 == phase
+    nb = (T - h0) // _LANE_STEPS
+    tb = h0 + _LANE_STEPS * nb
     zero = np.float32(0)
     for grp in prange(R // 8):
         i0 = grp * 8
@@ -858,43 +971,116 @@ def gae_lanes(rewards, values, next_values, has_next, term, has_term, trunc, mas
             i = i0 + q
             g = gcol[i]
             gl = _f8(g) * _f8(lcol[i])
-            a = _f8(carry[i])
-            vn = bound[i]
-            for j in range(tail):
-                t = T - 1 - j
-                x = values[i, t]
-                w = x
-                if has_next:
-                    d = term[i, t] != 0
-                    a = _nstep(rewards[i, t], x, next_values[i, t], d, d or trunc[i, t] != 0, g, gl, a)
-                    o = np.float32(a)
-                elif has_mask:
-                    a, vn, b, w = _mstep(rewards[i, t], x, has_term and term[i, t] != 0, mask[i, t] != 0,
-                                         g, gl, a, vn, zero)
-                    o = np.float32(b)
-                else:
-                    a = _gstep(rewards[i, t], x, vn, has_term and term[i, t] != 0, g, gl, a)
-                    o = np.float32(a)
-                    vn = x
-                adv[i, t] = o
-                ret[i, t] = o + w
+            a, vn = _lane_steps(rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
+                                i, T, tb, g, gl, _f8(carry[i]), bound[i], zero, adv, ret)
             sa[q] = a
             sv[q] = vn
             g8[q] = g
             gl8[q] = gl
-        for b in range(tb // _LANE_STEPS):
-            t0 = tb - _LANE_STEPS * (b + 1)
-            # Each block reads the arrays its option needs (see lanes_block).
-            if has_next:
-                _lanes_next(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc)
-            elif has_mask and has_term:
-                _lanes_mask_term(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, mask)
-            elif has_mask:
-                _lanes_mask(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, mask)
-            elif has_term:
-                _lanes_term(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc)
-            else:
-                _lanes_plain(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc)
+        for b in range(nb):
+            _rows_block(rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
+                        i0, tb - _LANE_STEPS * (b + 1), sa, sv, g8, gl8, adv, ret, nt)
+        for q in range(8):
+            _lane_steps(rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
+                        i0 + q, h0, 0, g8[q], gl8[q], _f8(sa[q]), sv[q], zero, adv, ret)
+        if nt:
+            sfence()
+
+
+@njit(inline="always")
+def _enter(cu, bound, carry, s, pos, lo, sa, sv, q):
+    """Lane ``q`` takes sequence ``s``: its end, its start, and the state
+    past its end (``last_advantage``, ``last_value``)."""
+    pos[q] = cu[s + 1]
+    lo[q] = cu[s]
+    sa[q] = carry[s]
+    sv[q] = bound[s]
+
+
+@kernel([types.void(_ro(_F4T, 2), _ro(_F4T, 2), _ro(_F4T, 2), _B, _U8A, _B, _U8A, _U8A, _B, _ro(_F4T, 1),
+                    _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), _CU, _CU, _CU, types.int64, _B,
+                    types.Array(_F4T, 2, "A"), types.Array(_F4T, 2, "A")), None],
+        parallel=True, fastmath=_FM)
+def gae_packed_lanes(rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
+                     gcol, lcol, bound, carry, cu, order, groups, phase, stream, adv, ret):
+    """Fused GAE on one float32 row of packed sequences (``cu`` the offsets,
+    scalar γ = ``gcol[0]`` and λ = ``lcol[0]``), eight sequences at a time in
+    SIMD lanes.  Group ``u`` (one per ``prange`` iteration) runs sequences
+    ``order[groups[u] : groups[u + 1]]`` in that order: each of its eight
+    lanes takes the next one when it finishes its own.
+
+    The cases and arguments of :func:`gae_lanes` (rows ``[1, N]``, every array
+    contiguous along time), plus ``cu``, ``order``, ``groups`` and
+    ``phase``; ``bound`` and ``carry`` are per sequence.  A lane enters a
+    sequence with that sequence's ``carry`` and ``bound`` and runs its last
+    steps one at a time (:func:`_lane_steps`) down to a step ``t`` with
+    ``t − phase`` a multiple of 16 (the caller picks ``phase`` so that blocks
+    are whole 64-byte lines of the outputs: a block that straddles lines
+    costs more).  While every lane has 16 steps or more left in its
+    sequence, blocks of 16 steps run in the lanes (the ``_planes_*`` blocks:
+    a start per lane); a lane with fewer runs them one at a time and takes
+    its next sequence.  Once the group has no sequence left to take, the
+    lanes finish theirs one at a time: the caller orders each group's
+    sequences longest first, so that those last ones are short.  With
+    ``stream`` the blocks write by non-temporal stores (the ``_nt`` blocks):
+    the caller guarantees that ``phase`` starts a 32-byte aligned vector of
+    both ``adv`` and ``ret``.
+
+    Every step is the step of :func:`gae_lanes`, so each sequence's results
+    are the bits of :func:`gae_rows_fused` on that sequence as a row: how
+    sequences fall into groups and lanes changes no result.
+    """
+    g = gcol[0]
+    gl = _f8(g) * _f8(lcol[0])
+    zero = np.float32(0)
+    for grp in prange(groups.shape[0] - 1):
+        nxt = groups[grp]
+        end = groups[grp + 1]
+        starts = np.empty(8, np.int64)
+        pos = np.zeros(8, np.int64)
+        lo = np.zeros(8, np.int64)
+        busy = np.zeros(8, np.bool_)
+        sa = np.empty(8, _f8)
+        sv = np.empty(8, np.float32)
+        g8 = np.full(8, g, np.float32)
+        gl8 = np.full(8, gl, _f8)
+        while True:
+            nblk = np.int64(1) << 62
+            for q in range(8):
+                while True:
+                    if not busy[q]:
+                        if nxt == end:
+                            break
+                        _enter(cu, bound, carry, order[nxt], pos, lo, sa, sv, q)
+                        nxt += 1
+                        busy[q] = True
+                    # the steps down to a block end at a multiple of 16 from ``phase``
+                    k = (pos[q] - phase) % _LANE_STEPS
+                    if pos[q] - k - lo[q] >= _LANE_STEPS:
+                        if k:
+                            sa[q], sv[q] = _lane_steps(rewards, values, next_values, has_next, term, has_term,
+                                                       trunc, mask, has_mask, 0, pos[q], pos[q] - k, g, gl,
+                                                       _f8(sa[q]), sv[q], zero, adv, ret)
+                            pos[q] -= k
+                        break
+                    _lane_steps(rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
+                                0, pos[q], lo[q], g, gl, _f8(sa[q]), sv[q], zero, adv, ret)
+                    busy[q] = False
+                nblk = min(nblk, (pos[q] - lo[q]) // _LANE_STEPS if busy[q] else 0)
+            if nblk == 0:
+                break
+            for _b in range(nblk):
+                for q in range(8):
+                    pos[q] -= _LANE_STEPS
+                    starts[q] = pos[q]
+                _packed_block(rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
+                              starts, sa, sv, g8, gl8, adv, ret, stream)
+        for q in range(8):
+            if busy[q]:
+                _lane_steps(rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
+                            0, pos[q], lo[q], g, gl, _f8(sa[q]), sv[q], zero, adv, ret)
+        if stream:
+            sfence()
 
 
 @kernel(
