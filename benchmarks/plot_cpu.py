@@ -105,17 +105,30 @@ def svg(series: list[tuple[str, str, list]], title: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def _stamp(path: str) -> str:
+    """The time ``cpu_bench.py`` wrote on its header line (``YYYY-MM-DD HH:MM``,
+    the last one in the file), else the file's name: the order of runs."""
+    stamp = ""
+    with open(path) as f:
+        for line in f:
+            m = re.match(r"#\s*(\d{4}-\d{2}-\d{2} \d{2}:\d{2}) UTC; machine:", line)
+            if m:
+                stamp = m.group(1)
+    return stamp or os.path.basename(path)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", nargs="*")
     ap.add_argument("--out", default=os.path.join("docs", "img", "cpu-x-triad.svg"))
     args = ap.parse_args(argv)
-    paths = args.results or sorted(glob.glob(os.path.join("benchmarks", "results", "*cpu_bench*.txt")))
+    paths = args.results or sorted(glob.glob(os.path.join("benchmarks", "results", "*cpu_bench*.txt")),
+                                   key=_stamp)
     newest: dict[str, tuple] = {}
     for path in paths:
         parsed = parse(path)
         if parsed is not None:
-            newest[parsed[0]] = parsed  # sorted by name: dated names, the newest last
+            newest[parsed[0]] = parsed  # sorted by run time: the newest last
     if not newest:
         raise SystemExit("no cpu_bench.py result with a machine header found")
     with open(args.out, "w") as f:
