@@ -214,6 +214,21 @@ def cuda_settings(settings: dict):
         yield
 
 
+def one_thread_and_all(f):
+    """``(f() on Numba's threads, f() on one thread)``: results that must not
+    depend on the thread count."""
+    import numba
+
+    many = f()
+    n = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = f()
+    finally:
+        numba.set_num_threads(n)
+    return many, one
+
+
 def run_in_threads(work, n: int = 8) -> list:
     """Run ``work(k)`` for ``k`` in ``range(n)`` on ``n`` threads that start
     together (a barrier); the exceptions they raised, in no order."""

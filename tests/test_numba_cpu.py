@@ -6,7 +6,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from conftest import run_in_threads
+from conftest import one_thread_and_all, run_in_threads
 
 import gaescan
 import gaescan.testing as gt
@@ -105,17 +105,9 @@ def test_nan_isolation_fast(T):
 
 
 def test_deterministic_and_inputs_untouched():
-    import numba
-
     _, r, v, d = _data(8, 3 * 4096 + 11)
     copies = [x.copy() for x in (r, v, d)]
-    a1, _ = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="numba")
-    n = numba.get_num_threads()
-    try:
-        numba.set_num_threads(1)
-        a2, _ = gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="numba")
-    finally:
-        numba.set_num_threads(n)
+    a1, a2 = (x[0] for x in one_thread_and_all(lambda: gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, backend="numba")))
     assert np.array_equal(a1, a2)
     for x, c in zip((r, v, d), copies, strict=True):
         assert np.array_equal(x, c)
@@ -717,17 +709,9 @@ def test_lanes_kernel_nan_stays_in_its_episode(monkeypatch):
 
 
 def test_lanes_kernel_is_thread_count_independent(monkeypatch):
-    import numba
-
     monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
     _, r, v, d = _data(40, 1000 + 3)
-    a1 = gaescan.gae(r, v, gamma=0.999, lam=0.99, dones=d, backend="numba")
-    n = numba.get_num_threads()
-    try:
-        numba.set_num_threads(1)
-        a2 = gaescan.gae(r, v, gamma=0.999, lam=0.99, dones=d, backend="numba")
-    finally:
-        numba.set_num_threads(n)
+    a1, a2 = one_thread_and_all(lambda: gaescan.gae(r, v, gamma=0.999, lam=0.99, dones=d, backend="numba"))
     assert _same_bits(a1, a2)
 
 
@@ -825,8 +809,6 @@ def test_lanes_mask_kernel_views_nan_and_threads(build_spy, monkeypatch):
     # Reversed rows (addressed by their stride); a mask not contiguous along time
     # takes the pair kernel; NaN and inf at masked steps and past an episode's end
     # stay there; one thread gives the bits of two.
-    import numba
-
     rng, r, v, d, m = _mask_case(19, 16 * 12 + 5, seed=23)
     got, pairs = _lanes_and_pairs(monkeypatch, r[::-1], v[::-1], gamma=0.99, lam=0.95, dones=d[::-1], mask=m[::-1])
     assert _same_bits(got, pairs)
@@ -850,13 +832,7 @@ def test_lanes_mask_kernel_views_nan_and_threads(build_spy, monkeypatch):
     ref = gt.gae(r2[:, :121], v2[:, :121], gamma=0.99, lam=0.95, dones=d2[:, :121], mask=m[:, :121])
     assert gt.assert_close(adv[:, :121], ref[0]) <= 2e-5
 
-    n = numba.get_num_threads()
-    a1 = gaescan.gae(r, v, gamma=0.999, lam=0.99, dones=d, mask=m, backend="numba")
-    try:
-        numba.set_num_threads(1)
-        a2 = gaescan.gae(r, v, gamma=0.999, lam=0.99, dones=d, mask=m, backend="numba")
-    finally:
-        numba.set_num_threads(n)
+    a1, a2 = one_thread_and_all(lambda: gaescan.gae(r, v, gamma=0.999, lam=0.99, dones=d, mask=m, backend="numba"))
     assert _same_bits(a1, a2)
 
 
@@ -882,17 +858,9 @@ def test_lanes_next_kernel_nan_stays_in_its_episode(monkeypatch):
 
 
 def test_lanes_next_kernel_is_thread_count_independent(monkeypatch):
-    import numba
-
     monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
     _, r, v, kw = _next_case(40, 1000 + 3, seed=5)
-    a1 = gaescan.gae(r, v, gamma=0.999, lam=0.99, backend="numba", **kw)
-    n = numba.get_num_threads()
-    try:
-        numba.set_num_threads(1)
-        a2 = gaescan.gae(r, v, gamma=0.999, lam=0.99, backend="numba", **kw)
-    finally:
-        numba.set_num_threads(n)
+    a1, a2 = one_thread_and_all(lambda: gaescan.gae(r, v, gamma=0.999, lam=0.99, backend="numba", **kw))
     assert _same_bits(a1, a2)
 
 
@@ -986,20 +954,12 @@ def test_packed_lanes_give_each_sequences_bits(build_spy, monkeypatch, case, dec
 def test_packed_lanes_split_changes_no_bit(monkeypatch):
     # one group of lanes (one thread) or several: other sequences per lane, same bits
     # (γλ here takes the float64 state, the plain call below)
-    import numba
-
     monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
     monkeypatch.setattr(numba_cpu, "PACKED_MIN_MEAN_STEPS", 1)
     monkeypatch.setattr(numba_cpu, "PACKED_MAX_LANE_SHARE", 1e9)
     rng = np.random.default_rng(5)
     r, v, kw = _packed_case("dones", rng.integers(0, 300, size=77), 5)
-    a1 = gaescan.gae(r, v, gamma=0.99999, lam=0.999, backend="numba", **kw)
-    n = numba.get_num_threads()
-    try:
-        numba.set_num_threads(1)
-        a2 = gaescan.gae(r, v, gamma=0.99999, lam=0.999, backend="numba", **kw)
-    finally:
-        numba.set_num_threads(n)
+    a1, a2 = one_thread_and_all(lambda: gaescan.gae(r, v, gamma=0.99999, lam=0.999, backend="numba", **kw))
     assert _same_bits(a1, a2)
     # three groups, one group in a random order, and blocks that start at
     # other steps (``phase``)

@@ -135,26 +135,36 @@ class _Block:
             out += transpose8(self.builder, rows)
         return out
 
-    def store_steps(self, k: int, cols: list[Any], v8f: Any, stream: bool = False) -> None:
+    def store_steps(self, k: int, cols: list[Any], v8f: Any, stream: Any = None) -> None:
         """Vector ``s`` of ``cols`` to step ``t0 + s`` of the 8 float32 rows of array ``k``.
 
-        With ``stream``, non-temporal stores of 32-byte aligned vectors (the
-        caller guarantees the alignment), each row's line written whole before the next."""
+        ``stream``, an ``i1`` value or ``None`` (no), chooses at run time
+        non-temporal stores of 32-byte aligned vectors (the caller guarantees
+        the alignment), each row's line written whole before the next."""
+        b = self.builder
         if self.time_major:
             for s, col in enumerate(cols):
-                self.builder.store(col, self.at(k, 0, v8f, 4, s), align=4)
+                b.store(col, self.at(k, 0, v8f, 4, s), align=4)
             return
-        rows = [transpose8(self.builder, cols[h:h + 8]) for h in range(0, len(cols), 8)]
-        if not stream:
+        rows = [transpose8(b, cols[h:h + 8]) for h in range(0, len(cols), 8)]
+
+        def ordinary():
             for h in range(len(rows)):
                 for q, row in enumerate(rows[h]):
-                    self.builder.store(row, self.at(k, q, v8f, 4, 8 * h), align=4)
+                    b.store(row, self.at(k, q, v8f, 4, 8 * h), align=4)
+
+        if stream is None:
+            ordinary()
             return
-        nt = self.builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
-        for q in range(8):
-            for h in range(len(rows)):
-                st = self.builder.store(rows[h][q], self.at(k, q, v8f, 4, 8 * h), align=32)
-                st.set_metadata("nontemporal", nt)
+        nt = b.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+        with b.if_else(stream) as (then, otherwise):
+            with then:
+                for q in range(8):
+                    for h in range(len(rows)):
+                        st = b.store(rows[h][q], self.at(k, q, v8f, 4, 8 * h), align=32)
+                        st.set_metadata("nontemporal", nt)
+            with otherwise:
+                ordinary()
 
 
 @intrinsic
@@ -173,8 +183,8 @@ def sfence(typingctx):
 
 
 def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = False,
-                has_mask: bool = False, packed: bool = False, stream: bool = False) -> Any:
-    """The intrinsic ``block(r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8, nv, flags2)``.
+                has_mask: bool = False, packed: bool = False) -> Any:
+    """The intrinsic ``block(r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8, nv, flags2, stream)``.
 
     It runs steps ``t0 + steps - 1`` down to ``t0`` (``steps`` a multiple of 8:
     each row's loads and stores are ``steps / 8`` vectors, transposed 8 x 8 at
@@ -202,9 +212,10 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = Fal
     read: lane ``q`` runs steps ``i0[q] + steps - 1`` down to ``i0[q]`` of row 0
     (eight places of one row of packed sequences, see :class:`_Block`).
 
-    With ``stream``, the outputs are written by non-temporal stores, each
-    row's 64 bytes whole before the next: no read of the lines for ownership,
-    and the outputs do not evict the inputs from the caches.  Every 8-step
+    With ``stream`` (a run-time boolean), the outputs are written by
+    non-temporal stores, each row's 64 bytes whole before the next: no read
+    of the lines for ownership, and the outputs do not evict the inputs from
+    the caches.  Every 8-step
     vector of ``adv`` and ``ret`` must then be 32-byte aligned (a misaligned
     one faults), and the kernel runs :func:`sfence` before it returns.
     """
@@ -214,8 +225,8 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = Fal
         raise ValueError("no lanes block takes next values and a mask together")
 
     @intrinsic
-    def block(typingctx, r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8, nv, flags2):
-        sig = types.void(r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8, nv, flags2)
+    def block(typingctx, r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8, nv, flags2, stream):
+        sig = types.void(r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8, nv, flags2, stream)
 
         def codegen(context, builder, signature, args):
             arrays = (0, 1, 2, 3, 4, 11, 12) if has_next else (0, 1, 2, 3, 4, 12) if has_mask else range(5)
@@ -291,8 +302,8 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = Fal
             builder.store(A, pa, align=8 if wide else 4)
             if not has_next:
                 builder.store(vn, pv, align=4)
-            blk.store_steps(3, out_a, v8f, stream)
-            blk.store_steps(4, out_r, v8f, stream)
+            blk.store_steps(3, out_a, v8f, args[13])
+            blk.store_steps(4, out_r, v8f, args[13])
             return context.get_dummy_value()
 
         return sig, codegen

@@ -815,26 +815,21 @@ _LANE_CASES = {"term": dict(has_term=True), "plain": {}, "next": dict(has_term=T
 
 def _lane_blocks(wide: bool) -> dict[str, Any]:
     """Every block of one state width: ``_lanes_<case>`` (rows ``i0 ..
-    i0 + 7``) and ``_planes_<case>`` (eight places of one packed row), and
-    each again with ``_nt`` (non-temporal stores)."""
+    i0 + 7``) and ``_planes_<case>`` (eight places of one packed row)."""
     blocks = {}
     for case, kw in _LANE_CASES.items():
         for prefix, packed in (("_lanes", False), ("_planes", True)):
-            for suffix, stream in (("", False), ("_nt", True)):
-                blocks[f"{prefix}_{case}{suffix}"] = lanes_block(
-                    kw.get("has_term", False), wide, _LANE_STEPS, has_next=kw.get("has_next", False),
-                    has_mask=kw.get("has_mask", False), packed=packed, stream=stream)
+            blocks[f"{prefix}_{case}"] = lanes_block(
+                kw.get("has_term", False), wide, _LANE_STEPS, has_next=kw.get("has_next", False),
+                has_mask=kw.get("has_mask", False), packed=packed)
     return blocks
 
 
 _LANES_F8 = _lane_blocks(True)
 _LANES_F4 = _lane_blocks(False)
 (_lanes_term, _lanes_plain, _lanes_next, _lanes_mask_term, _lanes_mask,
- _lanes_term_nt, _lanes_plain_nt, _lanes_next_nt, _lanes_mask_term_nt, _lanes_mask_nt,
- _planes_term, _planes_plain, _planes_next, _planes_mask_term, _planes_mask,
- _planes_term_nt, _planes_plain_nt, _planes_next_nt, _planes_mask_term_nt, _planes_mask_nt) = (
-    _LANES_F8[f"{prefix}_{case}{suffix}"] for prefix in ("_lanes", "_planes") for suffix in ("", "_nt")
-    for case in _LANE_CASES)
+ _planes_term, _planes_plain, _planes_next, _planes_mask_term, _planes_mask) = (
+    _LANES_F8[f"{prefix}_{case}"] for prefix in ("_lanes", "_planes") for case in _LANE_CASES)
 _F4T = types.float32
 
 
@@ -845,54 +840,32 @@ _F4T = types.float32
 def _rows_block(rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
                 i0, t0, sa, sv, g8, gl8, adv, ret, stream):
     """The block of rows ``i0 .. i0 + 7``, steps ``t0 .. t0 + 15``."""
-    if stream:
-        if has_next:
-            _lanes_next_nt(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc)
-        elif has_mask and has_term:
-            _lanes_mask_term_nt(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, mask)
-        elif has_mask:
-            _lanes_mask_nt(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, mask)
-        elif has_term:
-            _lanes_term_nt(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc)
-        else:
-            _lanes_plain_nt(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc)
-    elif has_next:
-        _lanes_next(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc)
+    if has_next:
+        _lanes_next(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc, stream)
     elif has_mask and has_term:
-        _lanes_mask_term(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, mask)
+        _lanes_mask_term(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, mask, stream)
     elif has_mask:
-        _lanes_mask(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, mask)
+        _lanes_mask(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, mask, stream)
     elif has_term:
-        _lanes_term(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc)
+        _lanes_term(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc, stream)
     else:
-        _lanes_plain(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc)
+        _lanes_plain(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc, stream)
 
 
 @njit(inline="always")
 def _packed_block(rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
                   starts, sa, sv, g8, gl8, adv, ret, stream):
     """The block of steps ``starts[q] .. starts[q] + 15`` of row 0 in lane ``q``."""
-    if stream:
-        if has_next:
-            _planes_next_nt(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, trunc)
-        elif has_mask and has_term:
-            _planes_mask_term_nt(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, mask)
-        elif has_mask:
-            _planes_mask_nt(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, mask)
-        elif has_term:
-            _planes_term_nt(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, trunc)
-        else:
-            _planes_plain_nt(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, trunc)
-    elif has_next:
-        _planes_next(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, trunc)
+    if has_next:
+        _planes_next(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, trunc, stream)
     elif has_mask and has_term:
-        _planes_mask_term(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, mask)
+        _planes_mask_term(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, mask, stream)
     elif has_mask:
-        _planes_mask(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, mask)
+        _planes_mask(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, mask, stream)
     elif has_term:
-        _planes_term(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, trunc)
+        _planes_term(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, trunc, stream)
     else:
-        _planes_plain(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, trunc)
+        _planes_plain(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, trunc, stream)
 
 
 @njit(inline="always", fastmath=_FM)
@@ -950,9 +923,9 @@ def gae_lanes(rewards, values, next_values, has_next, term, has_term, trunc, mas
     contiguous along time (the block addresses rows by their stride and
     steps by the item size).
 
-    With ``stream`` the blocks write by non-temporal stores (the ``_nt``
-    blocks): the caller guarantees that step ``phase`` of every row of
-    ``adv`` and ``ret`` starts a 32-byte aligned vector.
+    With ``stream`` the blocks write by non-temporal stores: the caller
+    guarantees that step ``phase`` of every row of ``adv`` and ``ret`` starts
+    a 32-byte aligned vector.
     """
     R, T = rewards.shape
     h0 = phase if phase + _LANE_STEPS <= T else 0
@@ -1022,8 +995,7 @@ def gae_packed_lanes(rewards, values, next_values, has_next, term, has_term, tru
     its next sequence.  Once the group has no sequence left to take, the
     lanes finish theirs one at a time: the caller orders each group's
     sequences longest first, so that those last ones are short.  With
-    ``stream`` the blocks write by non-temporal stores (the ``_nt`` blocks):
-    the caller guarantees that ``phase`` starts a 32-byte aligned vector of
+    ``stream`` the blocks write by non-temporal stores: the caller guarantees that ``phase`` starts a 32-byte aligned vector of
     both ``adv`` and ``ret``.
 
     Every step is the step of :func:`gae_lanes`, so each sequence's results
