@@ -941,7 +941,7 @@ def test_packed_lanes_give_each_sequences_bits(build_spy, monkeypatch, case, dec
         r, v, kw = _packed_case(case, _packed_lengths(np.random.default_rng(seed), S), seed)
         monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
         monkeypatch.setattr(numba_cpu, "PACKED_MIN_MEAN_STEPS", 1)
-        monkeypatch.setattr(numba_cpu, "PACKED_MAX_LANE_SHARE", 1e9)
+        monkeypatch.setattr(numba_cpu, "PACKED_MAX_SEQUENCE_SHARE", 1.0)
         build_spy.clear()
         got = gaescan.gae(r, v, gamma=gamma, lam=lam, backend="numba", **kw)
         assert build_spy == [("gae_packed_lanes", "f32" if decay == "f32-state" else "f64")]
@@ -956,7 +956,7 @@ def test_packed_lanes_split_changes_no_bit(monkeypatch):
     # (γλ here takes the float64 state, the plain call below)
     monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
     monkeypatch.setattr(numba_cpu, "PACKED_MIN_MEAN_STEPS", 1)
-    monkeypatch.setattr(numba_cpu, "PACKED_MAX_LANE_SHARE", 1e9)
+    monkeypatch.setattr(numba_cpu, "PACKED_MAX_SEQUENCE_SHARE", 1.0)
     rng = np.random.default_rng(5)
     r, v, kw = _packed_case("dones", rng.integers(0, 300, size=77), 5)
     a1, a2 = one_thread_and_all(lambda: gaescan.gae(r, v, gamma=0.99999, lam=0.999, backend="numba", **kw))
@@ -999,7 +999,7 @@ def test_packed_lanes_order(S, groups):
 def test_packed_lanes_nan_stays_in_its_sequence(monkeypatch):
     monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
     monkeypatch.setattr(numba_cpu, "PACKED_MIN_MEAN_STEPS", 1)
-    monkeypatch.setattr(numba_cpu, "PACKED_MAX_LANE_SHARE", 1e9)
+    monkeypatch.setattr(numba_cpu, "PACKED_MAX_SEQUENCE_SHARE", 1.0)
     lengths = np.array([70, 33, 64, 17, 90, 48, 16, 81, 40, 55])
     r, v, kw = _packed_case("dones", lengths, 9)
     cu = kw["cu_seqlens"]
@@ -1022,7 +1022,7 @@ def test_packed_lanes_fallbacks(build_spy, monkeypatch, why):
     monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
     if why != "short":
         monkeypatch.setattr(numba_cpu, "PACKED_MIN_MEAN_STEPS", 1)
-        monkeypatch.setattr(numba_cpu, "PACKED_MAX_LANE_SHARE", 1e9)
+        monkeypatch.setattr(numba_cpu, "PACKED_MAX_SEQUENCE_SHARE", 1.0)
     rng = np.random.default_rng(11)
     lengths = rng.integers(20, 60, size=3 if why == "few" else 20)
     r, v, kw = _packed_case("next" if why.startswith("next") else "plain", lengths, 11)
@@ -1039,8 +1039,8 @@ def test_packed_lanes_fallbacks(build_spy, monkeypatch, why):
     elif why == "next+mask":
         kw["mask"] = rng.random(r.shape) < 0.9
     elif why == "skewed":
-        # one sequence of more than a lane's share of the steps
-        monkeypatch.setattr(numba_cpu, "PACKED_MAX_LANE_SHARE", 1.0)
+        # one sequence of more than PACKED_MAX_SEQUENCE_SHARE of the steps (the default)
+        monkeypatch.setattr(numba_cpu, "PACKED_MAX_SEQUENCE_SHARE", 1 / 16)
         r, v, kw = _packed_case("plain", np.append(lengths, 8 * int(lengths.sum())), 11)
     got = gaescan.gae(r, v, gamma=gamma, lam=0.95, backend="numba", **kw)
     assert [k for k, _ in build_spy] == ["gae_rows"]
@@ -1056,7 +1056,7 @@ def test_packed_lanes_long_sequences(build_spy, monkeypatch, gamma, lam):
     lengths = np.append(lengths, (1 << 17) + 3 - lengths.sum())
     r, v, kw = _packed_case("dones", lengths, 13)
     kw["dones"] &= np.random.default_rng(3).random(r.shape) < 0.02
-    monkeypatch.setattr(numba_cpu, "PACKED_MAX_LANE_SHARE", 1e9)
+    monkeypatch.setattr(numba_cpu, "PACKED_MAX_SEQUENCE_SHARE", 1.0)
     build_spy.clear()
     got = gaescan.gae(r, v, gamma=gamma, lam=lam, backend="numba", **kw)
     assert [k for k, _ in build_spy] == ["gae_packed_lanes"]
@@ -1108,7 +1108,7 @@ def test_streaming_rows_give_the_same_bits(monkeypatch, case, T, offset):
 def test_streaming_packed_gives_the_same_bits(monkeypatch, case, offset):
     monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
     monkeypatch.setattr(numba_cpu, "PACKED_MIN_MEAN_STEPS", 1)
-    monkeypatch.setattr(numba_cpu, "PACKED_MAX_LANE_SHARE", 1e9)
+    monkeypatch.setattr(numba_cpu, "PACKED_MAX_SEQUENCE_SHARE", 1.0)
     r, v, kw = _packed_case(case, _packed_lengths(np.random.default_rng(offset), 60), offset)
     plain = gaescan.gae(r, v, gamma=0.99, lam=0.95, backend="numba", **kw)
     monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 0)

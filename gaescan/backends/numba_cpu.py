@@ -186,10 +186,12 @@ def _gae(p: GAEProblem, keep: bool) -> Any:
 # average: shorter ones run mostly one step at a time (the lanes' heads and
 # tails), where the general kernel runs two sequences per loop.
 PACKED_MIN_MEAN_STEPS = 256
-# One lane runs a whole sequence: a sequence of more than this many lane
-# shares (steps / (8 · groups)) is the call's critical path, one step at a
-# time, where the general kernel runs it beside the others.
-PACKED_MAX_LANE_SHARE = 1.0
+# One lane runs a whole sequence: a sequence that holds more than this
+# fraction of the steps is the call's critical path, one step at a time, where
+# the general kernel runs it beside the others.  A lane's share of the steps
+# with two groups of eight lanes; a fixed fraction, not one per thread count,
+# so that the kernel, and with it the bits, never depend on the thread count.
+PACKED_MAX_SEQUENCE_SHARE = 1 / 16
 
 
 def _gae_packed(p: GAEProblem, rows: Rows) -> bool:
@@ -197,7 +199,7 @@ def _gae_packed(p: GAEProblem, rows: Rows) -> bool:
     ``False`` (nothing run) where it does not serve: float64, γ or λ not
     scalar, a mask with ``next_values``, ``next_values`` without both flags,
     fewer than 8 sequences, short sequences (``PACKED_MIN_MEAN_STEPS``), a
-    sequence longer than one lane's share of the steps, a
+    sequence of more than ``PACKED_MAX_SEQUENCE_SHARE`` of the steps, a
     call the calling thread runs (``SERIAL_MAX_STEPS``), or an array whose
     steps are not consecutive in memory."""
     S, N = rows.nseg, rows.T
@@ -205,8 +207,7 @@ def _gae_packed(p: GAEProblem, rows: Rows) -> bool:
         return False
     if not (isinstance(p.gamma, float) and isinstance(p.lam, float)):
         return False
-    threads = max(1, min(numba.get_num_threads(), S // 8))
-    if int(np.diff(rows.cu_seqlens).max()) * 8 * threads > PACKED_MAX_LANE_SHARE * N:
+    if int(np.diff(rows.cu_seqlens).max()) > PACKED_MAX_SEQUENCE_SHARE * N:
         return False
     has_next = p.next_values is not None
     if has_next and (p.mask is not None or p.terminated is None or p.truncated is None):
@@ -220,7 +221,7 @@ def _gae_packed(p: GAEProblem, rows: Rows) -> bool:
     if not all(_along_time(x) for x in read):
         return False
     gcol, lcol = _const_col(p.gamma, 1, _F4), _const_col(p.lam, 1, _F4)
-    order, groups = _packed_order(rows.cu_seqlens, threads)
+    order, groups = _packed_order(rows.cu_seqlens, max(1, min(numba.get_num_threads(), S // 8)))
     _run(cpu.gae_packed_lanes, _gae_narrow(p, rows, gcol, lcol))(
         r, v, nv, has_next, term, p.terminated is not None, trunc, mask, p.mask is not None,
         gcol, lcol, _bound(p.last_value, rows), _bound(p.last_advantage, rows), rows.cu_seqlens, order, groups,
