@@ -215,9 +215,9 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = Fal
     With ``stream`` (a run-time boolean), the outputs are written by
     non-temporal stores, each row's 64 bytes whole before the next: no read
     of the lines for ownership, and the outputs do not evict the inputs from
-    the caches.  Every 8-step
-    vector of ``adv`` and ``ret`` must then be 32-byte aligned (a misaligned
-    one faults), and the kernel runs :func:`sfence` before it returns.
+    the caches.  Every 8-step vector of ``adv`` and ``ret`` must then be
+    32-byte aligned (a misaligned one faults), and the kernel runs
+    :func:`sfence` before it returns.
     """
     if has_next and not has_term:
         raise ValueError("the next_values block reads both flags: has_next needs has_term")

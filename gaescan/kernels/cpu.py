@@ -809,8 +809,9 @@ def gae_rows_fused_1t(rewards, values, next_values, has_next, term, has_term, tr
 # with a float64 state; the float32-state namespace (:func:`_f4_namespace`) holds the
 # float32-state ones under the same names.
 _LANE_STEPS = 16
-_LANE_CASES = {"term": dict(has_term=True), "plain": {}, "next": dict(has_term=True, has_next=True),
-               "mask_term": dict(has_term=True, has_mask=True), "mask": dict(has_mask=True)}
+_LANE_CASES = {"term": dict(has_term=True), "plain": dict(has_term=False),
+               "next": dict(has_term=True, has_next=True), "mask_term": dict(has_term=True, has_mask=True),
+               "mask": dict(has_term=False, has_mask=True)}
 
 
 def _lane_blocks(wide: bool) -> dict[str, Any]:
@@ -819,9 +820,7 @@ def _lane_blocks(wide: bool) -> dict[str, Any]:
     blocks = {}
     for case, kw in _LANE_CASES.items():
         for prefix, packed in (("_lanes", False), ("_planes", True)):
-            blocks[f"{prefix}_{case}"] = lanes_block(
-                kw.get("has_term", False), wide, _LANE_STEPS, has_next=kw.get("has_next", False),
-                has_mask=kw.get("has_mask", False), packed=packed)
+            blocks[f"{prefix}_{case}"] = lanes_block(wide=wide, steps=_LANE_STEPS, packed=packed, **kw)
     return blocks
 
 
@@ -912,8 +911,8 @@ def gae_lanes(rewards, values, next_values, has_next, term, has_term, trunc, mas
 
     The blocks of 16 steps start at steps ``phase + 16·k`` (``phase`` <
     16; 0 where the row is shorter than ``phase + 16``, and then the blocks
-    write by ordinary stores).  Each group of 8 rows
-    first runs its steps after the last block one row at a time
+    write by ordinary stores).  Each group of 8 rows first runs its steps
+    after the last block one row at a time
     (:func:`_lane_steps`: the step of :func:`_gstep`, :func:`_mstep` or
     :func:`_nstep`), then its blocks from the end, each one call of a
     ``_lanes_*`` block (:func:`_rows_block`): eight independent chains per
@@ -995,8 +994,8 @@ def gae_packed_lanes(rewards, values, next_values, has_next, term, has_term, tru
     its next sequence.  Once the group has no sequence left to take, the
     lanes finish theirs one at a time: the caller orders each group's
     sequences longest first, so that those last ones are short.  With
-    ``stream`` the blocks write by non-temporal stores: the caller guarantees that ``phase`` starts a 32-byte aligned vector of
-    both ``adv`` and ``ret``.
+    ``stream`` the blocks write by non-temporal stores: the caller guarantees
+    that ``phase`` starts a 32-byte aligned vector of both ``adv`` and ``ret``.
 
     Every step is the step of :func:`gae_lanes`, so each sequence's results
     are the bits of :func:`gae_rows_fused` on that sequence as a row: how
