@@ -112,14 +112,17 @@ def test_kernels_are_lazy_and_closed():
     assert cpu.all_kernels(), "no kernels registered"
     for k in cpu.all_kernels():
         assert isinstance(k, cpu.Kernel)
-        # the kernels of eight float32 rows in SIMD lanes are float32 only
-        lanes = ("gae_lanes", "gae_packed_lanes", "vtrace_lanes", "vtrace_lanes_next", "vtrace_timemajor_lanes")
+        # the kernels of eight float32 rows (or columns) in SIMD lanes are float32 only
+        lanes = ("gae_lanes", "gae_packed_lanes", "gae_timemajor_lanes", "vtrace_lanes", "vtrace_lanes_next",
+                 "vtrace_timemajor_lanes")
         want = ["float32"] if k.__name__ in lanes else ["float32", "float64"]
         assert sorted(str(d) for d in k.signatures) == want
     with pytest.raises(TypeError, match="float32 or float64"):
         cpu.scan_rows.compile(np.float16)
     with pytest.raises(TypeError, match="takes float32$"):
         cpu.gae_lanes.compile(np.float64)
+    with pytest.raises(TypeError, match="takes float32$"):
+        cpu.gae_timemajor_lanes.compile(np.float64)
     with pytest.raises(TypeError, match="takes float32$"):
         cpu_vtrace.vtrace_lanes.compile(np.float64)
     with pytest.raises(TypeError, match="takes float32$"):

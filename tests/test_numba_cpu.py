@@ -1129,3 +1129,57 @@ def test_streaming_needs_aligned_rows(monkeypatch):
     assert numba_cpu._stream(a[:, 4:], b[:, 4:]) == (10, True)
     monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", a.nbytes + 1)
     assert numba_cpu._stream(a, b) == (14, False)                            # small outputs
+
+
+# Time-major GAE with non-temporal stores (gae_timemajor_lanes: float32, plain or
+# with terminations, outputs of STREAM_MIN_BYTES and up whose rows start their
+# 32-byte vectors at one column): the bits of gae_timemajor.
+
+
+def _aligned_tm_out(T, B, offset):
+    """Two C-contiguous float32 ``(T, B)`` arrays whose column 0 is ``offset``
+    items past a 32-byte boundary."""
+    outs = []
+    for _ in range(2):
+        buf = np.full(T * B + 16, np.nan, np.float32)
+        skip = (-buf.__array_interface__["data"][0] % 32) // 4 + offset
+        outs.append(buf[skip:skip + T * B].reshape(T, B))
+    return outs
+
+
+@pytest.mark.parametrize("dones", [True, False])
+@pytest.mark.parametrize("decay", ["f32-state", "f64-state"])
+@pytest.mark.parametrize("T,B,offset", [(2, 8, 0), (37, 16, 3), (130, 72, 5), (17, 8, 7), (64, 200, 1)])
+def test_time_major_lanes_give_the_same_bits(build_spy, monkeypatch, dones, decay, T, B, offset):
+    rng, r, v, d = _data(T, B, seed=T * 100 + B + offset, p=0.05)
+    r[T // 2, B // 3] = np.nan  # stays in its episode: the bits say so, as in gae_timemajor
+    gamma, lam = (0.99, 0.95) if decay == "f32-state" else (0.999, 0.999)
+    kw = dict(gamma=gamma, lam=lam, axis=0, backend="numba", dones=d if dones else None,
+              last_value=rng.standard_normal(B).astype(np.float32),
+              last_advantage=rng.standard_normal(B).astype(np.float32))
+    build_spy.clear()
+    want = gaescan.gae(r, v, **kw)
+    assert [k for k, _ in build_spy] == ["gae_timemajor"]
+    monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 0)
+    out = _aligned_tm_out(T, B, offset)
+    assert numba_cpu._stream_cols(out[0].T, out[1].T) == ((8 - offset) % 8, B % 8 == 0)
+    if B % 8:
+        return
+    build_spy.clear()
+    many, one = one_thread_and_all(lambda: [x.copy() for x in gaescan.gae(r, v, out=tuple(out), **kw)])
+    state = "f32" if decay == "f32-state" else "f64"
+    assert build_spy == [("gae_timemajor_lanes", state)] * 2
+    assert _same_bits(many, want) and _same_bits(one, want)
+
+
+def test_time_major_streaming_needs_aligned_rows(monkeypatch):
+    monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 0)
+    a, b = _aligned_tm_out(4, 40, 2)
+    assert numba_cpu._stream_cols(a.T, b.T) == (6, True)
+    c, _ = _aligned_tm_out(4, 40, 3)
+    assert numba_cpu._stream_cols(a.T, c.T) == (6, False)                  # vectors start at other columns
+    a, b = _aligned_tm_out(4, 44, 2)
+    assert numba_cpu._stream_cols(a.T, b.T) == (6, False)                  # rows 176 bytes long
+    a, b = _aligned_tm_out(4, 40, 2)
+    monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", a.nbytes + 1)
+    assert numba_cpu._stream_cols(a.T, b.T) == (6, False)                  # small outputs

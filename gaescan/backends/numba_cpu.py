@@ -253,6 +253,23 @@ def _stream(adv: np.ndarray, ret: np.ndarray) -> tuple[int, bool]:
     return phase, True
 
 
+def _stream_cols(adv: np.ndarray, ret: np.ndarray) -> tuple[int, bool]:
+    """``(phase, stream)`` for time-major float32 outputs (C-contiguous
+    ``(T, R)`` transposes): ``phase`` the first column of row 0 of ``adv``
+    that starts a 32-byte vector (0 when its items are not 4-byte aligned);
+    ``stream`` whether :func:`gaescan.kernels.cpu.gae_timemajor_lanes` may
+    write both by non-temporal stores: each output ``STREAM_MIN_BYTES`` or
+    more, rows a multiple of 32 bytes long, and both outputs at the same
+    phase."""
+    a = adv.__array_interface__["data"][0]
+    if a % 4:
+        return 0, False
+    phase = (-a // 4) % 8
+    ok = (adv.nbytes >= STREAM_MIN_BYTES and adv.shape[0] % 8 == 0
+          and (a - ret.__array_interface__["data"][0]) % 32 == 0)
+    return phase, ok
+
+
 def _packed_order(cu: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray]:
     """``(order, bounds)``: group ``u`` of :func:`gaescan.kernels.cpu.gae_packed_lanes`
     runs sequences ``order[bounds[u] : bounds[u + 1]]``.  The groups are runs
@@ -482,6 +499,14 @@ def _gae_fast_time_major(p: GAEProblem, rows: Rows, prep: _Fused, r: np.ndarray,
         return True
     if term is not None and not _time_major(term):
         return False
+    phase, stream = _stream_cols(adv, ret) if rows.dtype == _F4 else (0, False)
+    if stream:
+        # Eight columns per vector and non-temporal stores; with ordinary
+        # stores that kernel is no faster than the vectorised loop below.
+        _run(cpu.gae_timemajor_lanes, prep.narrow)(r.T, v.T, _NO_FLAGS if term is None else term.T, term is not None,
+                                                   prep.gcol, prep.lcol, prep.bound, prep.carry, phase, stream,
+                                                   adv.T, ret.T)
+        return True
     _run(cpu.gae_timemajor, prep.narrow)(r.T, v.T, _NO_FLAGS if term is None else term.T, term is not None,
                                          prep.gcol, prep.lcol, prep.bound, prep.carry, adv.T, ret.T)
     return True

@@ -143,8 +143,18 @@ class _Block:
         the alignment), each row's line written whole before the next."""
         b = self.builder
         if self.time_major:
-            for s, col in enumerate(cols):
-                b.store(col, self.at(k, 0, v8f, 4, s), align=4)
+            if stream is None:
+                for s, col in enumerate(cols):
+                    b.store(col, self.at(k, 0, v8f, 4, s), align=4)
+                return
+            nt = b.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+            with b.if_else(stream) as (then, otherwise):
+                with then:
+                    for s, col in enumerate(cols):
+                        b.store(col, self.at(k, 0, v8f, 4, s), align=32).set_metadata("nontemporal", nt)
+                with otherwise:
+                    for s, col in enumerate(cols):
+                        b.store(col, self.at(k, 0, v8f, 4, s), align=4)
             return
         rows = [transpose8(b, cols[h:h + 8]) for h in range(0, len(cols), 8)]
 
@@ -183,7 +193,8 @@ def sfence(typingctx):
 
 
 def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = False,
-                has_mask: bool = False, packed: bool = False) -> Any:
+                has_mask: bool = False, packed: bool = False, time_major: bool = False,
+                prefetch: int = 0) -> Any:
     """The intrinsic ``block(r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8, nv, flags2, stream)``.
 
     It runs steps ``t0 + steps - 1`` down to ``t0`` (``steps`` a multiple of 8:
@@ -218,9 +229,19 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = Fal
     the caches.  Every 8-step vector of ``adv`` and ``ret`` must then be
     32-byte aligned (a misaligned one faults), and the kernel runs
     :func:`sfence` before it returns.
+
+    With ``time_major`` the arrays are ``[step, column]`` (see
+    :class:`_Block`): ``i0`` is the first of 8 consecutive columns and each
+    step one vector per array, so ``steps`` may be any count.  ``prefetch``
+    (time-major, plain or with terminations) asks for the inputs of step
+    ``t0 − prefetch`` into the caches: a time-major sweep jumps back a whole
+    row at each step, a pattern the hardware prefetchers learn only after
+    some lines of each stretch.
     """
     if has_next and not has_term:
         raise ValueError("the next_values block reads both flags: has_next needs has_term")
+    if prefetch and not (time_major and not has_next and not has_mask):
+        raise ValueError("only the time-major blocks without next values or a mask prefetch")
     if has_next and has_mask:
         raise ValueError("no lanes block takes next values and a mask together")
 
@@ -230,7 +251,7 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = Fal
 
         def codegen(context, builder, signature, args):
             arrays = (0, 1, 2, 3, 4, 11, 12) if has_next else (0, 1, 2, 3, 4, 12) if has_mask else range(5)
-            blk = _Block(context, builder, signature, args, arrays, args[5], args[6],
+            blk = _Block(context, builder, signature, args, arrays, args[5], args[6], time_major=time_major,
                          starts=5 if packed else None)
             f32 = ir.FloatType()
             v8f = ir.VectorType(f32, 8)
@@ -240,6 +261,15 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = Fal
             fma_s = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8s, [v8s] * 3),
                                                    "llvm.fma.v8f64" if wide else "llvm.fma.v8f32")
 
+            if prefetch:
+                # The vectors of step t0 − prefetch, which the kernel reaches
+                # that many steps later (a prefetch never faults).
+                pf = cgutils.get_or_insert_function(
+                    builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer()] + [ir.IntType(32)] * 3),
+                    "llvm.prefetch.p0i8")
+                for k, size in ((0, 4), (1, 4), (2, 1)) if has_term else ((0, 4), (1, 4)):
+                    builder.call(pf, [blk.at(k, 0, ir.IntType(8), size, -prefetch)]
+                                 + [ir.Constant(ir.IntType(32), x) for x in (0, 3, 1)])
             R = blk.steps_of(0, v8f, 4, steps)
             V = blk.steps_of(1, v8f, 4, steps)
             v8b = ir.VectorType(ir.IntType(8), 8)

@@ -248,7 +248,7 @@ def _renamed(func: Callable[..., Any], suffix: str, namespace: dict[str, Any]) -
 # The njit helpers that touch the recurrence state.  The float32-state builds
 # resolve their globals in a copy of this module's namespace where ``_f8`` is
 # float32 and each of these helpers is a copy compiled against that namespace.
-_STATE_HELPERS = ("_gae_at", "_ret_at", "_scan_at", "_gstep", "_mstep", "_nstep", "_lane_steps",
+_STATE_HELPERS = ("_gae_at", "_ret_at", "_scan_at", "_tm_cols", "_gstep", "_mstep", "_nstep", "_lane_steps",
                   "_rows_block", "_packed_block",
                   "_gae_span", "_gae_span2", "_ret_span", "_ret_span2",
                   "_gae_pair", "_gae_unit", "_ret_pair", "_ret_unit")
@@ -267,6 +267,7 @@ def _f4_namespace() -> dict[str, Any]:
                     options["cache"] = True
                 namespace[name] = njit(**options)(_renamed(helper.py_func, "_f4", namespace))
             namespace.update(_LANES_F4)
+            namespace["_tmlanes_term"], namespace["_tmlanes_plain"] = _TM_LANES["term", False], _TM_LANES["plain", False]
             _F4_NAMESPACE.update(namespace)
     return _F4_NAMESPACE
 
@@ -956,6 +957,80 @@ def gae_lanes(rewards, values, next_values, has_next, term, has_term, trunc, mas
             _lane_steps(rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
                         i0 + q, h0, 0, g8[q], gl8[q], _f8(sa[q]), sv[q], zero, adv, ret)
         if nt:
+            sfence()
+
+
+# One step of eight columns of time-major arrays, per case and state width,
+# asking for the inputs _TM_PREFETCH_STEPS steps ahead (distances of 4 to 16
+# steps measured alike: benchmarks/results/*-time-major-lanes.txt).
+_TM_PREFETCH_STEPS = 8
+_TM_LANES = {(case, wide): lanes_block(wide=wide, steps=1, time_major=True, prefetch=_TM_PREFETCH_STEPS,
+                                       **_LANE_CASES[case])
+             for case in ("term", "plain") for wide in (True, False)}
+_tmlanes_term, _tmlanes_plain = _TM_LANES["term", True], _TM_LANES["plain", True]
+
+
+@njit(inline="always", fastmath=_FM)
+def _tm_cols(rewards, values, term, has_term, t, c0, c1, lo, an, vn, gg, gl, adv, ret):
+    """Step ``t`` of columns ``c0 .. c1 − 1``, one at a time (the step of
+    :func:`gae_timemajor`); the carries of column ``c`` at ``c − lo``."""
+    for c in range(c0, c1):
+        k = c - lo
+        v = values[t, c]
+        if has_term:
+            a = _gstep(rewards[t, c], v, vn[k], term[t, c] != 0, gg[k], gl[k], an[k])
+        else:
+            a = _f8(rewards[t, c] + gg[k] * vn[k] - v) + gl[k] * an[k]
+        o = np.float32(a)
+        adv[t, c] = o
+        ret[t, c] = o + v
+        an[k] = a
+        vn[k] = v
+
+
+@kernel([types.void(_c2(_F4T), _c2(_F4T), _U8A, _B, _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1),
+                    types.int64, _B, types.Array(_F4T, 2, "A"), types.Array(_F4T, 2, "A")), None],
+        parallel=True, fastmath=_FM)
+def gae_timemajor_lanes(rewards, values, term, has_term, gcol, lcol, bound, carry, phase, stream, adv, ret):
+    """:func:`gae_timemajor` on float32 ``(T, R)`` arrays, eight columns per
+    SIMD vector from column ``phase`` on: each step of them one vector load
+    per array and one vector store per output, non-temporal with ``stream``
+    (the caller guarantees that column ``phase`` of every row of ``adv`` and
+    ``ret`` starts a 32-byte aligned vector).  The first ``phase`` columns
+    and the last ``(R − phase) % 8`` run one at a time.  The step of
+    :func:`_gstep`, so the same bits as :func:`gae_timemajor`."""
+    T, R = rewards.shape
+    r8 = phase + (R - phase) // 8 * 8
+    n = r8 - phase
+    wb = _W if n >= 4 * _W else max(64, ((n + 3) // 4 + 7) // 8 * 8)
+    nb = max(1, (n + wb - 1) // wb)
+    for bb in prange(nb):
+        c0 = phase + np.int64(bb) * wb
+        c1 = min(c0 + wb, r8)
+        lo = 0 if bb == 0 else c0
+        hi = R if bb == nb - 1 else c1
+        an = np.empty(hi - lo, _f8)
+        vn = np.empty(hi - lo, np.float32)
+        gg = np.empty(hi - lo, np.float32)
+        gl = np.empty(hi - lo, _f8)
+        for k in range(hi - lo):
+            an[k] = carry[lo + k]
+            vn[k] = bound[lo + k]
+            gg[k] = gcol[lo + k]
+            gl[k] = _f8(gcol[lo + k]) * _f8(lcol[lo + k])
+        for j in range(T):
+            t = T - 1 - j
+            _tm_cols(rewards, values, term, has_term, t, lo, c0, lo, an, vn, gg, gl, adv, ret)
+            for c in range(c0, c1, 8):
+                k = c - lo
+                if has_term:
+                    _tmlanes_term(rewards, values, term, adv, ret, c, t, an[k:], vn[k:], gg[k:], gl[k:],
+                                  rewards, term, stream)
+                else:
+                    _tmlanes_plain(rewards, values, term, adv, ret, c, t, an[k:], vn[k:], gg[k:], gl[k:],
+                                   rewards, term, stream)
+            _tm_cols(rewards, values, term, has_term, t, c1, hi, lo, an, vn, gg, gl, adv, ret)
+        if stream:
             sfence()
 
 
