@@ -3,11 +3,13 @@
 Run: ``python benchmarks/time_major_bench.py [--rounds N] [--repeat N] [--T T] [--B B]``.
 
 ``gaescan.gae(..., axis=0)`` on float32 ``[T, B]`` arrays (C-contiguous, so
-time-major rows), with and without terminations, into preallocated outputs.
+time-major rows), with terminations, without, and with next values,
+terminations and truncations, into preallocated outputs.
 Where the outputs allow non-temporal stores, the backend runs
-:func:`gaescan.kernels.cpu.gae_timemajor_lanes`; this script also runs
-:func:`gaescan.kernels.cpu.gae_timemajor` on the same call by reporting the
-outputs as unfit for streaming.  The two alternate call after call (medians),
+:func:`gaescan.kernels.cpu.gae_timemajor_lanes` ("lanes"); this script also
+runs the vectorised loops, :func:`gaescan.kernels.cpu.gae_timemajor` and
+:func:`gaescan.kernels.cpu.gae_timemajor_next` ("loop"), on the same call by
+reporting the outputs as unfit for streaming.  The two alternate call after call (medians),
 each round after a triad timed on the same element count; the bits of both are
 checked equal first.
 """
@@ -41,20 +43,25 @@ def main(argv=None):
     r = rng.standard_normal((T, B), dtype=np.float32)
     v = rng.standard_normal((T, B), dtype=np.float32)
     d = rng.random((T, B)) < 1e-3
+    nv = rng.standard_normal((T, B), dtype=np.float32)
+    tr = rng.random((T, B)) < 1e-3
+    cases = {"dones": (17, dict(dones=d)), "plain": (16, {}),
+             "next": (22, dict(next_values=nv, terminated=d, truncated=tr))}
     adv, ret = np.empty_like(r), np.empty_like(r)
     lanes = numba_cpu._stream_cols
-    forms = {"gae_timemajor": lambda a, b: (0, False), "gae_timemajor_lanes": lanes}
+    # "loop": gae_timemajor, or gae_timemajor_next with next values
+    forms = {"loop": lambda a, b: (0, False), "lanes": lanes}
     if not lanes(adv.T, ret.T)[1]:
         sys.exit("these outputs do not allow non-temporal stores: nothing to compare")
     print(f"# python benchmarks/time_major_bench.py, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
     print(f"# {machine()}")
     print(f"# gaescan.gae float32 [T, B] = [{T}, {B}], axis=0, out= preallocated; the two kernels in turn, "
-          f"medians of {args.repeat}; x triad = bytes per step (17 with dones, 16 plain) / time / triad GB/s")
+          f"medians of {args.repeat}; x triad = bytes per step (17 with dones, 16 plain, 22 next) / time / triad GB/s")
     try:
         for rnd in range(args.rounds):
             bw = _triad_bw(T * B, args.repeat)
-            for dones in (True, False):
-                kw = dict(gamma=0.99, lam=0.95, axis=0, dones=d if dones else None)
+            for case, (per, flags) in cases.items():
+                kw = dict(gamma=0.99, lam=0.95, axis=0, **flags)
                 outs = {}
                 for name, form in forms.items():
                     numba_cpu._stream_cols = form
@@ -69,11 +76,10 @@ def main(argv=None):
                         gaescan.gae(r, v, out=(adv, ret), **kw)
                         times[name].append(_now() - t0)
                 med = {name: float(np.median(t)) for name, t in times.items()}
-                per = 17 if dones else 16
                 cells = "  ".join(f"{name} {t * 1e3:6.1f} ms ({per * T * B / t / 1e9 / bw:.2f}x triad)"
                                   for name, t in med.items())
-                print(f"round {rnd + 1} triad {bw:5.1f} GB/s {'dones' if dones else 'plain'}: {cells}  "
-                      f"ratio {med['gae_timemajor'] / med['gae_timemajor_lanes']:.2f}  "
+                print(f"round {rnd + 1} triad {bw:5.1f} GB/s {case}: {cells}  "
+                      f"ratio {med['loop'] / med['lanes']:.2f}  "
                       f"bits {'equal' if same else 'DIFFER'}", flush=True)
     finally:
         numba_cpu._stream_cols = lanes

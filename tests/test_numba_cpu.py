@@ -1131,9 +1131,10 @@ def test_streaming_needs_aligned_rows(monkeypatch):
     assert numba_cpu._stream(a, b) == (14, False)                            # small outputs
 
 
-# Time-major GAE with non-temporal stores (gae_timemajor_lanes: float32, plain or
-# with terminations, outputs of STREAM_MIN_BYTES and up whose rows start their
-# 32-byte vectors at one column): the bits of gae_timemajor.
+# Time-major GAE with non-temporal stores (gae_timemajor_lanes: float32, plain,
+# with terminations, or next values with both flags; outputs of STREAM_MIN_BYTES
+# and up whose rows start their 32-byte vectors at one column): the bits of
+# gae_timemajor and gae_timemajor_next.
 
 
 def _aligned_tm_out(T, B, offset):
@@ -1147,19 +1148,22 @@ def _aligned_tm_out(T, B, offset):
     return outs
 
 
-@pytest.mark.parametrize("dones", [True, False])
+@pytest.mark.parametrize("case", ["plain", "dones", "next"])
 @pytest.mark.parametrize("decay", ["f32-state", "f64-state"])
 @pytest.mark.parametrize("T,B,offset", [(2, 8, 0), (37, 16, 3), (130, 72, 5), (17, 8, 7), (64, 200, 1)])
-def test_time_major_lanes_give_the_same_bits(build_spy, monkeypatch, dones, decay, T, B, offset):
+def test_time_major_lanes_give_the_same_bits(build_spy, monkeypatch, case, decay, T, B, offset):
     rng, r, v, d = _data(T, B, seed=T * 100 + B + offset, p=0.05)
     r[T // 2, B // 3] = np.nan  # stays in its episode: the bits say so, as in gae_timemajor
     gamma, lam = (0.99, 0.95) if decay == "f32-state" else (0.999, 0.999)
-    kw = dict(gamma=gamma, lam=lam, axis=0, backend="numba", dones=d if dones else None,
-              last_value=rng.standard_normal(B).astype(np.float32),
-              last_advantage=rng.standard_normal(B).astype(np.float32))
+    kw = dict(gamma=gamma, lam=lam, axis=0, backend="numba", last_advantage=rng.standard_normal(B).astype(np.float32))
+    if case == "next":
+        kw.update(next_values=rng.standard_normal((T, B)).astype(np.float32), terminated=d,
+                  truncated=rng.random((T, B)) < 0.05)
+    else:
+        kw.update(dones=d if case == "dones" else None, last_value=rng.standard_normal(B).astype(np.float32))
     build_spy.clear()
     want = gaescan.gae(r, v, **kw)
-    assert [k for k, _ in build_spy] == ["gae_timemajor"]
+    assert [k for k, _ in build_spy] == ["gae_timemajor_next" if case == "next" else "gae_timemajor"]
     monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 0)
     out = _aligned_tm_out(T, B, offset)
     assert numba_cpu._stream_cols(out[0].T, out[1].T) == ((8 - offset) % 8, B % 8 == 0)
@@ -1183,3 +1187,18 @@ def test_time_major_streaming_needs_aligned_rows(monkeypatch):
     a, b = _aligned_tm_out(4, 40, 2)
     monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", a.nbytes + 1)
     assert numba_cpu._stream_cols(a.T, b.T) == (6, False)                  # small outputs
+
+
+def test_time_major_next_values_stream_with_both_flags_only(build_spy, monkeypatch):
+    # without truncations (or terminations) the flags read are zero-stride views: no lanes
+    monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 0)
+    rng, r, v, d = _data(20, 16, seed=3, p=0.1)
+    nv = rng.standard_normal((20, 16)).astype(np.float32)
+    out = _aligned_tm_out(20, 16, 0)
+    for flags, kernel in ((dict(terminated=d), "gae_timemajor_next"), (dict(truncated=d), "gae_timemajor_next"),
+                          (dict(terminated=d, truncated=~d), "gae_timemajor_lanes")):
+        build_spy.clear()
+        got = gaescan.gae(r, v, gamma=0.99, lam=0.95, next_values=nv, axis=0, backend="numba", out=tuple(out), **flags)
+        assert [k for k, _ in build_spy] == [kernel]
+        ref = gt.gae(r, v, gamma=0.99, lam=0.95, next_values=nv, axis=0, **flags)
+        assert gt.assert_close(got[0], ref[0]) <= 2e-5 and gt.assert_close(got[1], ref[1]) <= 2e-5

@@ -489,23 +489,29 @@ def _gae_fast_time_major(p: GAEProblem, rows: Rows, prep: _Fused, r: np.ndarray,
     adv, ret = p.advantages, p.returns
     if mask is not None or not _time_major(r, v, adv, ret):
         return False
+    stream = rows.dtype == _F4 and _stream_cols(adv, ret)[1]
     if p.next_values is not None:
         nv = _data(p.next_values, rows)
         if not _time_major(nv):
             return False
+        tr = None if p.truncated is None else _flag8(p.truncated)
+        if stream and term is not None and tr is not None and _time_major(term, tr):
+            _run(cpu.gae_timemajor_lanes, prep.narrow)(r.T, v.T, nv.T, True, term.T, True, tr.T, prep.gcol, prep.lcol,
+                                                       prep.bound, prep.carry, _stream_cols(adv, ret)[0], True,
+                                                       adv.T, ret.T)
+            return True
         _run(cpu.gae_timemajor_next, prep.narrow)(r.T, v.T, nv.T, _flag(p.terminated, rows, False).T,
                                                   _flag(p.truncated, rows, False).T, prep.gcol, prep.lcol,
                                                   prep.carry, adv.T, ret.T)
         return True
     if term is not None and not _time_major(term):
         return False
-    phase, stream = _stream_cols(adv, ret) if rows.dtype == _F4 else (0, False)
     if stream:
         # Eight columns per vector and non-temporal stores; with ordinary
-        # stores that kernel is no faster than the vectorised loop below.
-        _run(cpu.gae_timemajor_lanes, prep.narrow)(r.T, v.T, _NO_FLAGS if term is None else term.T, term is not None,
-                                                   prep.gcol, prep.lcol, prep.bound, prep.carry, phase, stream,
-                                                   adv.T, ret.T)
+        # stores that kernel is no faster than the vectorised loops.
+        _run(cpu.gae_timemajor_lanes, prep.narrow)(r.T, v.T, r.T, False, _NO_FLAGS if term is None else term.T,
+                                                   term is not None, _NO_FLAGS, prep.gcol, prep.lcol, prep.bound,
+                                                   prep.carry, _stream_cols(adv, ret)[0], True, adv.T, ret.T)
         return True
     _run(cpu.gae_timemajor, prep.narrow)(r.T, v.T, _NO_FLAGS if term is None else term.T, term is not None,
                                          prep.gcol, prep.lcol, prep.bound, prep.carry, adv.T, ret.T)

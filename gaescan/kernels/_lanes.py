@@ -233,15 +233,15 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = Fal
     With ``time_major`` the arrays are ``[step, column]`` (see
     :class:`_Block`): ``i0`` is the first of 8 consecutive columns and each
     step one vector per array, so ``steps`` may be any count.  ``prefetch``
-    (time-major, plain or with terminations) asks for the inputs of step
+    (time-major, without a mask) asks for the inputs of step
     ``t0 − prefetch`` into the caches: a time-major sweep jumps back a whole
     row at each step, a pattern the hardware prefetchers learn only after
     some lines of each stretch.
     """
     if has_next and not has_term:
         raise ValueError("the next_values block reads both flags: has_next needs has_term")
-    if prefetch and not (time_major and not has_next and not has_mask):
-        raise ValueError("only the time-major blocks without next values or a mask prefetch")
+    if prefetch and not (time_major and not has_mask):
+        raise ValueError("only the time-major blocks without a mask prefetch")
     if has_next and has_mask:
         raise ValueError("no lanes block takes next values and a mask together")
 
@@ -267,7 +267,8 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = Fal
                 pf = cgutils.get_or_insert_function(
                     builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer()] + [ir.IntType(32)] * 3),
                     "llvm.prefetch.p0i8")
-                for k, size in ((0, 4), (1, 4), (2, 1)) if has_term else ((0, 4), (1, 4)):
+                fetch = [(0, 4), (1, 4)] + ([(2, 1)] if has_term else []) + ([(11, 4), (12, 1)] if has_next else [])
+                for k, size in fetch:
                     builder.call(pf, [blk.at(k, 0, ir.IntType(8), size, -prefetch)]
                                  + [ir.Constant(ir.IntType(32), x) for x in (0, 3, 1)])
             R = blk.steps_of(0, v8f, 4, steps)

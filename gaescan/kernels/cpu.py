@@ -267,7 +267,8 @@ def _f4_namespace() -> dict[str, Any]:
                     options["cache"] = True
                 namespace[name] = njit(**options)(_renamed(helper.py_func, "_f4", namespace))
             namespace.update(_LANES_F4)
-            namespace["_tmlanes_term"], namespace["_tmlanes_plain"] = _TM_LANES["term", False], _TM_LANES["plain", False]
+            for case in ("term", "plain", "next"):
+                namespace[f"_tmlanes_{case}"] = _TM_LANES[case, False]
             _F4_NAMESPACE.update(namespace)
     return _F4_NAMESPACE
 
@@ -966,18 +967,23 @@ def gae_lanes(rewards, values, next_values, has_next, term, has_term, trunc, mas
 _TM_PREFETCH_STEPS = 8
 _TM_LANES = {(case, wide): lanes_block(wide=wide, steps=1, time_major=True, prefetch=_TM_PREFETCH_STEPS,
                                        **_LANE_CASES[case])
-             for case in ("term", "plain") for wide in (True, False)}
-_tmlanes_term, _tmlanes_plain = _TM_LANES["term", True], _TM_LANES["plain", True]
+             for case in ("term", "plain", "next") for wide in (True, False)}
+_tmlanes_term, _tmlanes_plain, _tmlanes_next = (_TM_LANES[case, True] for case in ("term", "plain", "next"))
 
 
 @njit(inline="always", fastmath=_FM)
-def _tm_cols(rewards, values, term, has_term, t, c0, c1, lo, an, vn, gg, gl, adv, ret):
+def _tm_cols(rewards, values, next_values, has_next, term, has_term, trunc, t, c0, c1, lo, an, vn, gg, gl,
+             adv, ret):
     """Step ``t`` of columns ``c0 .. c1 − 1``, one at a time (the step of
-    :func:`gae_timemajor`); the carries of column ``c`` at ``c − lo``."""
+    :func:`gae_timemajor` or :func:`gae_timemajor_next`); the carries of
+    column ``c`` at ``c − lo``."""
     for c in range(c0, c1):
         k = c - lo
         v = values[t, c]
-        if has_term:
+        if has_next:
+            e = term[t, c] != 0
+            a = _nstep(rewards[t, c], v, next_values[t, c], e, e or trunc[t, c] != 0, gg[k], gl[k], an[k])
+        elif has_term:
             a = _gstep(rewards[t, c], v, vn[k], term[t, c] != 0, gg[k], gl[k], an[k])
         else:
             a = _f8(rewards[t, c] + gg[k] * vn[k] - v) + gl[k] * an[k]
@@ -988,17 +994,22 @@ def _tm_cols(rewards, values, term, has_term, t, c0, c1, lo, an, vn, gg, gl, adv
         vn[k] = v
 
 
-@kernel([types.void(_c2(_F4T), _c2(_F4T), _U8A, _B, _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1),
-                    types.int64, _B, types.Array(_F4T, 2, "A"), types.Array(_F4T, 2, "A")), None],
+@kernel([types.void(_c2(_F4T), _c2(_F4T), _c2(_F4T), _B, _U8A, _B, _U8A, _ro(_F4T, 1), _ro(_F4T, 1),
+                    _ro(_F4T, 1), _ro(_F4T, 1), types.int64, _B, types.Array(_F4T, 2, "A"),
+                    types.Array(_F4T, 2, "A")), None],
         parallel=True, fastmath=_FM)
-def gae_timemajor_lanes(rewards, values, term, has_term, gcol, lcol, bound, carry, phase, stream, adv, ret):
-    """:func:`gae_timemajor` on float32 ``(T, R)`` arrays, eight columns per
-    SIMD vector from column ``phase`` on: each step of them one vector load
-    per array and one vector store per output, non-temporal with ``stream``
-    (the caller guarantees that column ``phase`` of every row of ``adv`` and
-    ``ret`` starts a 32-byte aligned vector).  The first ``phase`` columns
-    and the last ``(R − phase) % 8`` run one at a time.  The step of
-    :func:`_gstep`, so the same bits as :func:`gae_timemajor`."""
+def gae_timemajor_lanes(rewards, values, next_values, has_next, term, has_term, trunc, gcol, lcol, bound, carry,
+                        phase, stream, adv, ret):
+    """:func:`gae_timemajor` (plain or with terminations) and
+    :func:`gae_timemajor_next` (``has_next``: ``term`` and ``trunc`` both read)
+    on float32 ``(T, R)`` arrays, eight columns per SIMD vector from column
+    ``phase`` on: each step of them one vector load per array and one vector
+    store per output, non-temporal with ``stream`` (the caller guarantees
+    that column ``phase`` of every row of ``adv`` and ``ret`` starts a
+    32-byte aligned vector).  The flags it reads must have consecutive
+    columns.  The first ``phase`` columns and the last ``(R − phase) % 8``
+    run one at a time.  The steps of :func:`_gstep` and :func:`_nstep`, so
+    the same bits as those kernels."""
     T, R = rewards.shape
     r8 = phase + (R - phase) // 8 * 8
     n = r8 - phase
@@ -1020,16 +1031,21 @@ def gae_timemajor_lanes(rewards, values, term, has_term, gcol, lcol, bound, carr
             gl[k] = _f8(gcol[lo + k]) * _f8(lcol[lo + k])
         for j in range(T):
             t = T - 1 - j
-            _tm_cols(rewards, values, term, has_term, t, lo, c0, lo, an, vn, gg, gl, adv, ret)
+            _tm_cols(rewards, values, next_values, has_next, term, has_term, trunc, t, lo, c0, lo, an, vn, gg, gl,
+                     adv, ret)
             for c in range(c0, c1, 8):
                 k = c - lo
-                if has_term:
+                if has_next:
+                    _tmlanes_next(rewards, values, term, adv, ret, c, t, an[k:], vn[k:], gg[k:], gl[k:],
+                                  next_values, trunc, stream)
+                elif has_term:
                     _tmlanes_term(rewards, values, term, adv, ret, c, t, an[k:], vn[k:], gg[k:], gl[k:],
                                   rewards, term, stream)
                 else:
                     _tmlanes_plain(rewards, values, term, adv, ret, c, t, an[k:], vn[k:], gg[k:], gl[k:],
                                    rewards, term, stream)
-            _tm_cols(rewards, values, term, has_term, t, c1, hi, lo, an, vn, gg, gl, adv, ret)
+            _tm_cols(rewards, values, next_values, has_next, term, has_term, trunc, t, c1, hi, lo, an, vn, gg, gl,
+                     adv, ret)
         if stream:
             sfence()
 
