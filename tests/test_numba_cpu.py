@@ -1202,3 +1202,53 @@ def test_time_major_next_values_stream_with_both_flags_only(build_spy, monkeypat
         assert [k for k, _ in build_spy] == [kernel]
         ref = gt.gae(r, v, gamma=0.99, lam=0.95, next_values=nv, axis=0, **flags)
         assert gt.assert_close(got[0], ref[0]) <= 2e-5 and gt.assert_close(got[1], ref[1]) <= 2e-5
+
+
+# Time-major discounted returns and linear scans with non-temporal stores
+# (returns_timemajor_lanes, scan_timemajor_lanes): the bits of returns_tm and scan_tm.
+
+
+@pytest.mark.parametrize("decay", ["f32-state", "f64-state"])
+@pytest.mark.parametrize("T,B,offset", [(2, 8, 0), (37, 16, 3), (130, 72, 5), (64, 200, 1)])
+def test_time_major_returns_and_scans_stream_with_the_same_bits(build_spy, monkeypatch, decay, T, B, offset):
+    rng, r, v, d = _data(T, B, seed=T * 10 + B + offset, p=0.05)
+    r[T // 2, B // 3] = np.nan  # stays in its episode (returns) or until the next a == 0 (scans)
+    gamma = 0.99 if decay == "f32-state" else 0.9999
+    a = rng.uniform(0.5, 1.0, (T, B)).astype(np.float32)
+    a[rng.random((T, B)) < 0.05] = 0
+    init = rng.standard_normal(B).astype(np.float32)
+    calls = {
+        "returns dones": (lambda **o: gaescan.discounted_returns(r, gamma=gamma, dones=d, last_value=init, axis=0,
+                                                                 backend="numba", **o), "returns"),
+        "returns plain": (lambda **o: gaescan.discounted_returns(r, gamma=gamma, last_value=init, axis=0,
+                                                                 backend="numba", **o), "returns"),
+        "scan reverse": (lambda **o: gaescan.linear_scan(a, r, reverse=True, initial=init, axis=0, backend="numba",
+                                                         **o), "scan"),
+        "scan forward": (lambda **o: gaescan.linear_scan(a, r, initial=init, axis=0, backend="numba", **o), "scan"),
+    }
+    for name, (call, kind) in calls.items():
+        monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 1 << 62)
+        build_spy.clear()
+        want = call()
+        assert [k for k, _ in build_spy] == [f"{kind}_tm"], name
+        monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 0)
+        out = _aligned_tm_out(T, B, offset)[0]
+        build_spy.clear()
+        many, one = one_thread_and_all(lambda call=call, out=out: call(out=out).copy())
+        assert [k for k, _ in build_spy] == [f"{kind}_timemajor_lanes"] * 2, name
+        assert _same_bits([many], [want]) and _same_bits([one], [want]), name
+
+
+def test_time_major_returns_and_scans_stream_only_where_they_may(build_spy, monkeypatch):
+    monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 0)
+    rng, r, v, d = _data(20, 16, seed=5, p=0.1)
+    out = _aligned_tm_out(20, 16, 0)[0]
+    g = np.full((20, 16), 0.9, np.float32)
+    for call, kernel in ((lambda: gaescan.discounted_returns(r, gamma=g, axis=0, out=out), "returns_tm"),  # γ per step
+                         (lambda: gaescan.discounted_returns(r, gamma=0.9, mask=~d, axis=0, out=out), "returns_tm"),
+                         (lambda: gaescan.linear_scan(0.9, r, axis=0, out=out), "scan_tm"),  # a zero-stride view
+                         (lambda: gaescan.discounted_returns(r, gamma=0.9, dones=d, axis=0, out=out),
+                          "returns_timemajor_lanes")):
+        build_spy.clear()
+        call()
+        assert [k for k, _ in build_spy] == [kernel]

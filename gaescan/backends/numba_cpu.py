@@ -533,7 +533,16 @@ def discounted_returns(p: ReturnsProblem) -> None:
     bound, zero = _bound(p.last_value, rows), rows.dtype.type(0)
     narrow = _narrow(rows, p.gamma)
     if _sweep_time_major(rows, r):
-        _run(cpu.returns_tm, narrow)(*[a.T for a in args], bound, zero, p.returns.T)
+        out = p.returns
+        gcol = _column(p.gamma, rows) if p.mask is None and rows.dtype == _F4 else None
+        term = None if p.dones is None else _flag8(p.dones)
+        phase, stream = _stream_cols(out, out)
+        if gcol is not None and stream and _time_major(r) and (term is None or _time_major(term)):
+            # Eight columns per vector and non-temporal stores (see _gae_fast_time_major).
+            _run(cpu.returns_timemajor_lanes, narrow)(r.T, _NO_FLAGS if term is None else term.T, term is not None,
+                                                      gcol, bound, phase, True, out.T)
+            return
+        _run(cpu.returns_tm, narrow)(*[a.T for a in args], bound, zero, out.T)
         return
     cu, packed = _offsets(rows)
     _run(cpu.returns_rows, narrow)(*args, bound, cu, packed, zero, p.returns)
@@ -544,6 +553,12 @@ def linear_scan(p: ScanProblem) -> None:
     a, b = _coeff(p.a, rows), _data(p.b, rows)
     narrow = _narrow(rows, p.a)
     if _sweep_time_major(rows, b):
+        phase, stream = _stream_cols(p.out, p.out)
+        if rows.dtype == _F4 and stream and _time_major(a, b):
+            # Eight columns per vector and non-temporal stores (see _gae_fast_time_major).
+            _run(cpu.scan_timemajor_lanes, narrow)(a.T, b.T, p.reverse, _bound(p.initial, rows), phase, True,
+                                                   p.out.T)
+            return
         _run(cpu.scan_tm, narrow)(a.T, b.T, p.reverse, _bound(p.initial, rows), p.out.T)
         return
     _run(cpu.scan_rows, narrow)(a, b, p.reverse, _bound(p.initial, rows), p.out)

@@ -342,6 +342,80 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = Fal
     return block
 
 
+def tm_scan_block(kind: str, reverse: bool, has_term: bool = False, prefetch: int = 0) -> Any:
+    """The intrinsic ``block(x, b, flags, out, c, t, state, g8, stream)``: step
+    ``t`` of columns ``c .. c + 7`` of float32 ``(T, R)`` arrays contiguous
+    along the columns (time-major), with the steps of the general kernels
+    (:func:`gaescan.kernels.cpu.scan_tm`, :func:`gaescan.kernels.cpu.returns_tm`)
+    one for one, products and sums rounded separately as there (no FMA):
+
+    * ``kind="scan"``: ``y = b`` where ``x == 0`` (``x`` the coefficient ``a``),
+      else ``x·y + b`` (a select: a NaN or infinity carried in ``y`` stops
+      there); ``flags`` and ``g8`` are not read.
+    * ``kind="returns"``: ``G = x`` (the reward) where ``flags`` is set (with
+      ``has_term``), else ``x + γ·G``, ``γ`` from ``g8`` (float32, one per
+      column, from column ``c``); ``b`` is not read.
+
+    ``state`` (8 items from column ``c``, its dtype the state's width) holds
+    the carry and is updated in place.  ``out`` is written by non-temporal
+    stores where ``stream`` (an aligned vector: see :func:`lanes_block`), else
+    by ordinary ones.  ``prefetch`` asks for the inputs of the step that many
+    steps later in the scan's order (``t − prefetch`` with ``reverse``).
+    """
+    if kind not in ("scan", "returns"):
+        raise ValueError(f"kind must be 'scan' or 'returns', not {kind!r}")
+
+    @intrinsic
+    def block(typingctx, x, b, flags, out, c, t, state, g8, stream):
+        sig = types.void(x, b, flags, out, c, t, state, g8, stream)
+
+        def codegen(context, builder, signature, args):
+            scan = kind == "scan"
+            arrays = (0, 1, 3) if scan else ((0, 2, 3) if has_term else (0, 3))
+            blk = _Block(context, builder, signature, args, arrays, args[4], args[5], time_major=True)
+            f32 = ir.FloatType()
+            v8f = ir.VectorType(f32, 8)
+            wide = signature.args[6].dtype == types.float64
+            v8s = ir.VectorType(ir.DoubleType() if wide else f32, 8)
+            ssz = 8 if wide else 4
+            if prefetch:
+                pf = cgutils.get_or_insert_function(
+                    builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer()] + [ir.IntType(32)] * 3),
+                    "llvm.prefetch.p0i8")
+                ahead = -prefetch if reverse else prefetch
+                fetch = [(0, 4), (1, 4)] if scan else [(0, 4)] + ([(2, 1)] if has_term else [])
+                for k, size in fetch:
+                    builder.call(pf, [blk.at(k, 0, ir.IntType(8), size, ahead)]
+                                 + [ir.Constant(ir.IntType(32), v) for v in (0, 3, 1)])
+
+            def widen(v):
+                return builder.fpext(v, v8s) if wide else v
+
+            ps = blk.vec(6, v8s)
+            y = builder.load(ps, align=ssz)
+            X = blk.steps_of(0, v8f, 4, 1)[0]
+            if scan:
+                B = widen(blk.steps_of(1, v8f, 4, 1)[0])
+                zf = ir.Constant(v8f, [0.0] * 8)
+                y = builder.select(builder.fcmp_ordered("==", X, zf), B, builder.fadd(builder.fmul(widen(X), y), B))
+            else:
+                g = widen(builder.load(blk.vec(7, v8f), align=4))
+                xs = widen(X)
+                nxt = builder.fadd(xs, builder.fmul(g, y))
+                if has_term:
+                    v8b = ir.VectorType(ir.IntType(8), 8)
+                    D = blk.steps_of(2, v8b, 1, 1, lambda v: builder.zext(v, _I32x8))[0]
+                    nxt = builder.select(builder.icmp_unsigned("!=", D, ir.Constant(_I32x8, [0] * 8)), xs, nxt)
+                y = nxt
+            builder.store(y, ps, align=ssz)
+            blk.store_steps(3, [builder.fptrunc(y, v8f) if wide else y], v8f, args[8])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return block
+
+
 # exp on <8 x double>: the operations of gaescan.kernels.cpu_vtrace._exp (its
 # constants and steps, in the same order), lane by lane: the same bits.
 def _exp8(builder: Any, x: Any, fma: Any) -> Any:

@@ -69,7 +69,7 @@ from numba import njit, prange, types
 from numba.core.caching import NullCache
 
 from .. import _threading
-from ._lanes import lanes_block, sfence
+from ._lanes import lanes_block, sfence, tm_scan_block
 
 _FLOATS = (types.float32, types.float64)
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -248,7 +248,7 @@ def _renamed(func: Callable[..., Any], suffix: str, namespace: dict[str, Any]) -
 # The njit helpers that touch the recurrence state.  The float32-state builds
 # resolve their globals in a copy of this module's namespace where ``_f8`` is
 # float32 and each of these helpers is a copy compiled against that namespace.
-_STATE_HELPERS = ("_gae_at", "_ret_at", "_scan_at", "_tm_cols", "_gstep", "_mstep", "_nstep", "_lane_steps",
+_STATE_HELPERS = ("_gae_at", "_ret_at", "_scan_at", "_tm_cols", "_tm_ret_at", "_gstep", "_mstep", "_nstep", "_lane_steps",
                   "_rows_block", "_packed_block",
                   "_gae_span", "_gae_span2", "_ret_span", "_ret_span2",
                   "_gae_pair", "_gae_unit", "_ret_pair", "_ret_unit")
@@ -971,6 +971,27 @@ _TM_LANES = {(case, wide): lanes_block(wide=wide, steps=1, time_major=True, pref
 _tmlanes_term, _tmlanes_plain, _tmlanes_next = (_TM_LANES[case, True] for case in ("term", "plain", "next"))
 
 
+@njit(inline="always")
+def _tm_split(R, phase):
+    """``(r8, wb, nb)`` of a time-major lanes kernel: columns ``phase .. r8 − 1``
+    run eight per vector, in ``nb`` units of ``wb`` columns (a multiple of 8;
+    narrow batches get 4 units of at least 64 columns)."""
+    r8 = phase + (R - phase) // 8 * 8
+    n = r8 - phase
+    wb = _W if n >= 4 * _W else max(64, ((n + 3) // 4 + 7) // 8 * 8)
+    return r8, wb, max(1, (n + wb - 1) // wb)
+
+
+@njit(inline="always")
+def _tm_unit(bb, R, phase, r8, wb, nb):
+    """Unit ``bb``: ``(c0, c1, lo, hi)``, its vector columns ``c0 .. c1 − 1``
+    and all its columns ``lo .. hi − 1`` (the first unit also takes the
+    columns before ``phase``, the last those after ``r8``)."""
+    c0 = phase + np.int64(bb) * wb
+    c1 = min(c0 + wb, r8)
+    return c0, c1, 0 if bb == 0 else c0, R if bb == nb - 1 else c1
+
+
 @njit(inline="always", fastmath=_FM)
 def _tm_cols(rewards, values, next_values, has_next, term, has_term, trunc, t, c0, c1, lo, an, vn, gg, gl,
              adv, ret):
@@ -1011,15 +1032,9 @@ def gae_timemajor_lanes(rewards, values, next_values, has_next, term, has_term, 
     run one at a time.  The steps of :func:`_gstep` and :func:`_nstep`, so
     the same bits as those kernels."""
     T, R = rewards.shape
-    r8 = phase + (R - phase) // 8 * 8
-    n = r8 - phase
-    wb = _W if n >= 4 * _W else max(64, ((n + 3) // 4 + 7) // 8 * 8)
-    nb = max(1, (n + wb - 1) // wb)
+    r8, wb, nb = _tm_split(R, phase)
     for bb in prange(nb):
-        c0 = phase + np.int64(bb) * wb
-        c1 = min(c0 + wb, r8)
-        lo = 0 if bb == 0 else c0
-        hi = R if bb == nb - 1 else c1
+        c0, c1, lo, hi = _tm_unit(bb, R, phase, r8, wb, nb)
         an = np.empty(hi - lo, _f8)
         vn = np.empty(hi - lo, np.float32)
         gg = np.empty(hi - lo, np.float32)
@@ -1046,6 +1061,87 @@ def gae_timemajor_lanes(rewards, values, next_values, has_next, term, has_term, 
                                    rewards, term, stream)
             _tm_cols(rewards, values, next_values, has_next, term, has_term, trunc, t, c1, hi, lo, an, vn, gg, gl,
                      adv, ret)
+        if stream:
+            sfence()
+
+
+# Time-major scans and discounted returns likewise: one step of eight columns
+# per block, the general kernels' steps (no FMA), the inputs prefetched.
+_tmscan_rev = tm_scan_block("scan", True, prefetch=_TM_PREFETCH_STEPS)
+_tmscan_fwd = tm_scan_block("scan", False, prefetch=_TM_PREFETCH_STEPS)
+_tmret_term = tm_scan_block("returns", True, has_term=True, prefetch=_TM_PREFETCH_STEPS)
+_tmret_plain = tm_scan_block("returns", True, has_term=False, prefetch=_TM_PREFETCH_STEPS)
+
+
+@kernel([types.void(_c2(_F4T), _c2(_F4T), _B, _ro(_F4T, 1), types.int64, _B, types.Array(_F4T, 2, "A")), None],
+        parallel=True)
+def scan_timemajor_lanes(a, b, reverse, initial, phase, stream, out):
+    """:func:`scan_tm` on float32 ``(T, R)`` C-contiguous arrays, eight columns
+    per SIMD vector from column ``phase`` on (:func:`tm_scan_block`), written
+    by non-temporal stores with ``stream`` (the caller guarantees that
+    column ``phase`` of every row of ``out`` starts a 32-byte aligned
+    vector); the columns before and after run one at a time.  The step of
+    :func:`_scan_at`, so the same bits as :func:`scan_tm`."""
+    T, R = b.shape
+    r8, wb, nb = _tm_split(R, phase)
+    for bb in prange(nb):
+        c0, c1, lo, hi = _tm_unit(bb, R, phase, r8, wb, nb)
+        y = np.empty(hi - lo, _f8)
+        for k in range(hi - lo):
+            y[k] = initial[lo + k]
+        for j in range(T):
+            t = T - 1 - j if reverse else j
+            for c in range(lo, c0):
+                y[c - lo] = _scan_at(a, b, np.uint64(t), np.uint64(c), y[c - lo], out)
+            for c in range(c0, c1, 8):
+                if reverse:
+                    _tmscan_rev(a, b, b, out, c, t, y[c - lo:], initial, stream)
+                else:
+                    _tmscan_fwd(a, b, b, out, c, t, y[c - lo:], initial, stream)
+            for c in range(c1, hi):
+                y[c - lo] = _scan_at(a, b, np.uint64(t), np.uint64(c), y[c - lo], out)
+        if stream:
+            sfence()
+
+
+@njit(inline="always")
+def _tm_ret_at(rewards, term, has_term, t, c, g, G, out):
+    """The step of :func:`_ret_at` without a mask, γ per column."""
+    x = _f8(rewards[t, c])
+    G = x if has_term and term[t, c] != 0 else x + _f8(g) * G
+    out[t, c] = G
+    return G
+
+
+@kernel([types.void(_c2(_F4T), _U8A, _B, _ro(_F4T, 1), _ro(_F4T, 1), types.int64, _B,
+                    types.Array(_F4T, 2, "A")), None],
+        parallel=True)
+def returns_timemajor_lanes(rewards, term, has_term, gcol, bound, phase, stream, out):
+    """:func:`returns_tm` without a mask, γ per column (``gcol``), on float32
+    ``(T, R)`` arrays (``rewards`` C-contiguous; ``term``, read with
+    ``has_term``, with consecutive columns), eight columns per SIMD vector
+    as in :func:`scan_timemajor_lanes`.  The step of :func:`_ret_at`, so the
+    same bits as :func:`returns_tm`."""
+    T, R = rewards.shape
+    r8, wb, nb = _tm_split(R, phase)
+    for bb in prange(nb):
+        c0, c1, lo, hi = _tm_unit(bb, R, phase, r8, wb, nb)
+        G = np.empty(hi - lo, _f8)
+        gg = np.empty(hi - lo, np.float32)
+        for k in range(hi - lo):
+            G[k] = bound[lo + k]
+            gg[k] = gcol[lo + k]
+        for j in range(T):
+            t = T - 1 - j
+            for c in range(lo, c0):
+                G[c - lo] = _tm_ret_at(rewards, term, has_term, t, c, gg[c - lo], G[c - lo], out)
+            for c in range(c0, c1, 8):
+                if has_term:
+                    _tmret_term(rewards, rewards, term, out, c, t, G[c - lo:], gg[c - lo:], stream)
+                else:
+                    _tmret_plain(rewards, rewards, term, out, c, t, G[c - lo:], gg[c - lo:], stream)
+            for c in range(c1, hi):
+                G[c - lo] = _tm_ret_at(rewards, term, has_term, t, c, gg[c - lo], G[c - lo], out)
         if stream:
             sfence()
 
