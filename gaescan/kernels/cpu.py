@@ -973,13 +973,15 @@ _tmlanes_term, _tmlanes_plain, _tmlanes_next = (_TM_LANES[case, True] for case i
 
 @njit(inline="always")
 def _tm_split(R, phase):
-    """``(r8, wb, nb)`` of a time-major lanes kernel: columns ``phase .. r8 − 1``
-    run eight per vector, in ``nb`` units of ``wb`` columns (a multiple of 8;
-    narrow batches get 4 units of at least 64 columns)."""
+    """``(phase, r8, wb, nb)`` of a time-major lanes kernel: columns
+    ``phase .. r8 − 1`` run eight per vector (``phase`` at most ``R``), in
+    ``nb`` units of ``wb`` columns (a multiple of 8; narrow batches get 4
+    units of at least 64 columns)."""
+    phase = min(phase, R)
     r8 = phase + (R - phase) // 8 * 8
     n = r8 - phase
     wb = _W if n >= 4 * _W else max(64, ((n + 3) // 4 + 7) // 8 * 8)
-    return r8, wb, max(1, (n + wb - 1) // wb)
+    return phase, r8, wb, max(1, (n + wb - 1) // wb)
 
 
 @njit(inline="always")
@@ -1032,7 +1034,7 @@ def gae_timemajor_lanes(rewards, values, next_values, has_next, term, has_term, 
     run one at a time.  The steps of :func:`_gstep` and :func:`_nstep`, so
     the same bits as those kernels."""
     T, R = rewards.shape
-    r8, wb, nb = _tm_split(R, phase)
+    phase, r8, wb, nb = _tm_split(R, phase)
     for bb in prange(nb):
         c0, c1, lo, hi = _tm_unit(bb, R, phase, r8, wb, nb)
         an = np.empty(hi - lo, _f8)
@@ -1083,7 +1085,7 @@ def scan_timemajor_lanes(a, b, reverse, initial, phase, stream, out):
     vector); the columns before and after run one at a time.  The step of
     :func:`_scan_at`, so the same bits as :func:`scan_tm`."""
     T, R = b.shape
-    r8, wb, nb = _tm_split(R, phase)
+    phase, r8, wb, nb = _tm_split(R, phase)
     for bb in prange(nb):
         c0, c1, lo, hi = _tm_unit(bb, R, phase, r8, wb, nb)
         y = np.empty(hi - lo, _f8)
@@ -1123,7 +1125,7 @@ def returns_timemajor_lanes(rewards, term, has_term, gcol, bound, phase, stream,
     as in :func:`scan_timemajor_lanes`.  The step of :func:`_ret_at`, so the
     same bits as :func:`returns_tm`."""
     T, R = rewards.shape
-    r8, wb, nb = _tm_split(R, phase)
+    phase, r8, wb, nb = _tm_split(R, phase)
     for bb in prange(nb):
         c0, c1, lo, hi = _tm_unit(bb, R, phase, r8, wb, nb)
         G = np.empty(hi - lo, _f8)
