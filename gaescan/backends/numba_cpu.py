@@ -257,10 +257,11 @@ def _stream_cols(adv: np.ndarray, ret: np.ndarray) -> tuple[int, bool]:
     """``(phase, stream)`` for time-major float32 outputs (C-contiguous
     ``(T, R)`` transposes): ``phase`` the first column of row 0 of ``adv``
     that starts a 32-byte vector (0 when its items are not 4-byte aligned);
-    ``stream`` whether :func:`gaescan.kernels.cpu.gae_timemajor_lanes` may
+    ``stream`` whether the time-major lanes kernels
+    (:func:`gaescan.kernels.cpu.gae_timemajor_lanes` and its siblings) may
     write both by non-temporal stores: each output ``STREAM_MIN_BYTES`` or
     more, rows a multiple of 32 bytes long, and both outputs at the same
-    phase."""
+    phase (one output: pass it twice)."""
     a = adv.__array_interface__["data"][0]
     if a % 4:
         return 0, False
@@ -489,7 +490,7 @@ def _gae_fast_time_major(p: GAEProblem, rows: Rows, prep: _Fused, r: np.ndarray,
     adv, ret = p.advantages, p.returns
     if mask is not None or not _time_major(r, v, adv, ret):
         return False
-    stream = rows.dtype == _F4 and _stream_cols(adv, ret)[1]
+    phase, stream = _stream_cols(adv, ret) if rows.dtype == _F4 else (0, False)
     if p.next_values is not None:
         nv = _data(p.next_values, rows)
         if not _time_major(nv):
@@ -497,8 +498,7 @@ def _gae_fast_time_major(p: GAEProblem, rows: Rows, prep: _Fused, r: np.ndarray,
         tr = None if p.truncated is None else _flag8(p.truncated)
         if stream and term is not None and tr is not None and _time_major(term, tr):
             _run(cpu.gae_timemajor_lanes, prep.narrow)(r.T, v.T, nv.T, True, term.T, True, tr.T, prep.gcol, prep.lcol,
-                                                       prep.bound, prep.carry, _stream_cols(adv, ret)[0], True,
-                                                       adv.T, ret.T)
+                                                       prep.bound, prep.carry, phase, True, adv.T, ret.T)
             return True
         _run(cpu.gae_timemajor_next, prep.narrow)(r.T, v.T, nv.T, _flag(p.terminated, rows, False).T,
                                                   _flag(p.truncated, rows, False).T, prep.gcol, prep.lcol,
@@ -511,7 +511,7 @@ def _gae_fast_time_major(p: GAEProblem, rows: Rows, prep: _Fused, r: np.ndarray,
         # stores that kernel is no faster than the vectorised loops.
         _run(cpu.gae_timemajor_lanes, prep.narrow)(r.T, v.T, r.T, False, _NO_FLAGS if term is None else term.T,
                                                    term is not None, _NO_FLAGS, prep.gcol, prep.lcol, prep.bound,
-                                                   prep.carry, _stream_cols(adv, ret)[0], True, adv.T, ret.T)
+                                                   prep.carry, phase, True, adv.T, ret.T)
         return True
     _run(cpu.gae_timemajor, prep.narrow)(r.T, v.T, _NO_FLAGS if term is None else term.T, term is not None,
                                          prep.gcol, prep.lcol, prep.bound, prep.carry, adv.T, ret.T)

@@ -248,8 +248,8 @@ def _renamed(func: Callable[..., Any], suffix: str, namespace: dict[str, Any]) -
 # The njit helpers that touch the recurrence state.  The float32-state builds
 # resolve their globals in a copy of this module's namespace where ``_f8`` is
 # float32 and each of these helpers is a copy compiled against that namespace.
-_STATE_HELPERS = ("_gae_at", "_ret_at", "_scan_at", "_tm_cols", "_tm_ret_at", "_gstep", "_mstep", "_nstep", "_lane_steps",
-                  "_rows_block", "_packed_block",
+_STATE_HELPERS = ("_gae_at", "_ret_at", "_scan_at", "_gstep", "_mstep", "_nstep", "_lane_steps",
+                  "_rows_block", "_packed_block", "_tm_cols", "_tm_ret_at",
                   "_gae_span", "_gae_span2", "_ret_span", "_ret_span2",
                   "_gae_pair", "_gae_unit", "_ret_pair", "_ret_unit")
 _F4_NAMESPACE: dict[str, Any] = {}
