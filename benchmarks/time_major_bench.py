@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -82,9 +83,9 @@ def main(argv=None):
                 for _ in range(args.repeat):
                     for name, form in forms.items():
                         numba_cpu._stream_cols = form
-                        t0 = _now()
+                        t0 = time.perf_counter()
                         call()
-                        times[name].append(_now() - t0)
+                        times[name].append(time.perf_counter() - t0)
                 med = {name: float(np.median(t)) for name, t in times.items()}
                 cells = "  ".join(f"{name} {t * 1e3:6.1f} ms ({per * T * B / t / 1e9 / bw:.2f}x triad)"
                                   for name, t in med.items())
@@ -93,12 +94,6 @@ def main(argv=None):
                       f"bits {'equal' if same else 'DIFFER'}", flush=True)
     finally:
         numba_cpu._stream_cols = lanes
-
-
-def _now() -> float:
-    import time
-
-    return time.perf_counter()
 
 
 if __name__ == "__main__":

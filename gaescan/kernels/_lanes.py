@@ -116,6 +116,18 @@ class _Block:
                     b.mul(b.add(minor, ir.Constant(intp, q if self.time_major else h)), ir.Constant(intp, itemsize)))
         return b.inttoptr(b.add(start, off), ty.as_pointer())
 
+    def prefetch(self, fetch: list[tuple[int, int]], ahead: int) -> None:
+        """Ask the caches for step ``t0 + ahead`` of the 8 rows of each array in
+        ``fetch``, ``(array index, item size)`` pairs.  The kernel reaches those
+        vectors that many steps later, and a prefetch never faults."""
+        b = self.builder
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        pf = cgutils.get_or_insert_function(b.module, ir.FunctionType(ir.VoidType(), [i8p] + [i32] * 3),
+                                            "llvm.prefetch.p0i8")
+        # Arguments: read (0), highest locality (3), data cache (1).
+        for k, size in fetch:
+            b.call(pf, [self.at(k, 0, ir.IntType(8), size, ahead)] + [ir.Constant(i32, x) for x in (0, 3, 1)])
+
     def vec(self, k: int, ty: Any) -> Any:
         """The data of the 1-D argument ``k`` as a pointer to ``ty``."""
         a = self.context.make_array(self.st[k])(self.context, self.builder, self.args[k])
@@ -262,15 +274,9 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = Fal
                                                    "llvm.fma.v8f64" if wide else "llvm.fma.v8f32")
 
             if prefetch:
-                # The vectors of step t0 − prefetch, which the kernel reaches
-                # that many steps later (a prefetch never faults).
-                pf = cgutils.get_or_insert_function(
-                    builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer()] + [ir.IntType(32)] * 3),
-                    "llvm.prefetch.p0i8")
-                fetch = [(0, 4), (1, 4)] + ([(2, 1)] if has_term else []) + ([(11, 4), (12, 1)] if has_next else [])
-                for k, size in fetch:
-                    builder.call(pf, [blk.at(k, 0, ir.IntType(8), size, -prefetch)]
-                                 + [ir.Constant(ir.IntType(32), x) for x in (0, 3, 1)])
+                # A reverse sweep: step t0 − prefetch comes that many steps later.
+                blk.prefetch([(0, 4), (1, 4)] + ([(2, 1)] if has_term else [])
+                             + ([(11, 4), (12, 1)] if has_next else []), -prefetch)
             R = blk.steps_of(0, v8f, 4, steps)
             V = blk.steps_of(1, v8f, 4, steps)
             v8b = ir.VectorType(ir.IntType(8), 8)
@@ -379,14 +385,8 @@ def tm_scan_block(kind: str, reverse: bool, has_term: bool = False, prefetch: in
             v8s = ir.VectorType(ir.DoubleType() if wide else f32, 8)
             ssz = 8 if wide else 4
             if prefetch:
-                pf = cgutils.get_or_insert_function(
-                    builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer()] + [ir.IntType(32)] * 3),
-                    "llvm.prefetch.p0i8")
-                ahead = -prefetch if reverse else prefetch
-                fetch = [(0, 4), (1, 4)] if scan else [(0, 4)] + ([(2, 1)] if has_term else [])
-                for k, size in fetch:
-                    builder.call(pf, [blk.at(k, 0, ir.IntType(8), size, ahead)]
-                                 + [ir.Constant(ir.IntType(32), v) for v in (0, 3, 1)])
+                blk.prefetch([(0, 4), (1, 4)] if scan else [(0, 4)] + ([(2, 1)] if has_term else []),
+                             -prefetch if reverse else prefetch)
 
             def widen(v):
                 return builder.fpext(v, v8s) if wide else v
