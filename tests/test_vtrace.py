@@ -444,10 +444,11 @@ def test_cu_seqlens_errors(rng):
 # vtrace_lanes (float32 batch-major rows, plain or with terminations, no next_values,
 # above SERIAL_MAX_STEPS) runs rows 8 at a time and the last R % 8 rows through the
 # tiled fused kernel.  Each case runs once through it (SERIAL_MAX_STEPS = 0) and once
-# with the lanes kernel refused.  Its blocks' exponential differs from the fused
-# kernel's by at most 5e-9 relative (a block with a log-ratio outside [-87, 88] takes
-# the fused kernel's); the last R % 8 rows and each row's last T % 16 steps (run one
-# row at a time before the blocks) give the fused kernel's bits.
+# with the lanes kernel refused.  Its blocks compute the exponential, the bracket and
+# the advantage in float32, so they differ from the fused kernel's float64 terms by
+# float32 roundings (a block with a log-ratio outside [-87, 88] takes the fused
+# kernel's terms and bits); the last R % 8 rows and each row's last T % 16 steps (run
+# one row at a time before the blocks) give the fused kernel's bits.
 
 VT_LANE_ROWS = [8, 9, 15, 16, 17, 24]
 VT_LANE_LENGTHS = [1, 7, 8, 15, 16, 17, 32, 33, 61, 131, 2053]  # around the 16-step block, and primes

@@ -461,45 +461,43 @@ def _exp8(builder: Any, x: Any, fma: Any) -> Any:
     return builder.select(builder.fcmp_unordered("uno", x, x), x, y)
 
 
-# e^x on <8 x float> in [_EXPM_LO, _EXPM_HI], to <8 x double>, within 5e-9 relative (a
-# float32 output's rounding is 6e-8): x = k·ln 2 + r in float64 (k·_LN2_HI is exact),
-# P(r) = (e^r − 1 − r) / r² in float32 (its rounding reaches e^r scaled by r² ≤ 0.03),
-# e^r = 1 + r + r²·P(r) in float64, times 2^k built exactly from float32 exponent bits
-# (k in [−126, 127] on that range).  The polynomial is a least-squares fit of P on 2000
-# Chebyshev nodes of |r| ≤ 0.3466, coefficients rounded to float32, highest degree first.
 _EXPM_LO, _EXPM_HI = -87.0, 88.0
 _EXPM_SHIFT = 12582912.0  # 1.5·2^23: x + _EXPM_SHIFT rounds x to an integer in the low bits
+# P(r) = (e^r − 1 − r) / r², a least-squares fit on 2000 Chebyshev nodes of |r| ≤ 0.3466,
+# coefficients rounded to float32, highest degree first.
 _EXPM_POLY = (1.989929296541959e-4, 1.3933657901361585e-3, 8.3332983776927e-3, 4.1666463017463684e-2,
               1.666666716337204e-1, 0.5)
 
 
-def _exp8_mixed(builder: Any, x: Any, fma32: Any, fma: Any) -> Any:
-    from .cpu_vtrace import _LN2_HI, _LN2_LO, _LOG2E
+# e^x on <8 x float> in [_EXPM_LO, _EXPM_HI], within one float32 ulp: x = k·ln 2 + r
+# with ln 2 split in two (_LN2_HI32 has 16 significant bits, so k·_LN2_HI32 is exact for
+# |k| < 256), e^r = 1 + (r + r²·P(r)), times 2^k built from exponent bits (k in
+# [−126, 127] on that range).
+_LN2_HI32 = 0.693145751953125
+_LN2_LO32 = 1.4286068203094173e-06
+
+
+def _exp8_f32(builder: Any, x: Any, fma32: Any) -> Any:
+    from .cpu_vtrace import _LOG2E
 
     v8f = ir.VectorType(ir.FloatType(), 8)
-    v8d = ir.VectorType(ir.DoubleType(), 8)
 
     def c(val):
         return ir.Constant(v8f, [val] * 8)
 
-    def cd(val):
-        return ir.Constant(v8d, [val] * 8)
-
     t = builder.call(fma32, [x, c(_LOG2E), c(_EXPM_SHIFT)])
-    nk = builder.fpext(builder.fsub(c(_EXPM_SHIFT), t), v8d)  # −k, exact
-    xd = builder.fpext(x, v8d)
-    r = builder.call(fma, [nk, cd(_LN2_HI), xd])
-    r = builder.call(fma, [nk, cd(_LN2_LO), r])
-    r32 = builder.fptrunc(r, v8f)
+    nk = builder.fsub(c(_EXPM_SHIFT), t)  # −k, exact
+    r = builder.call(fma32, [nk, c(_LN2_HI32), x])
+    r = builder.call(fma32, [nk, c(_LN2_LO32), r])
     p = c(_EXPM_POLY[0])
     for coef in _EXPM_POLY[1:]:
-        p = builder.call(fma32, [p, r32, c(coef)])
-    y = builder.fadd(builder.call(fma, [builder.fmul(r, r), builder.fpext(p, v8d), r]), cd(1.0))
+        p = builder.call(fma32, [p, r, c(coef)])
+    y = builder.fadd(c(1.0), builder.call(fma32, [builder.fmul(r, r), p, r]))
     ki = builder.sub(builder.bitcast(t, _I32x8), builder.bitcast(c(_EXPM_SHIFT), _I32x8))
     scale = builder.bitcast(builder.shl(builder.add(ki, ir.Constant(_I32x8, [127] * 8)),
                                         ir.Constant(_I32x8, [23] * 8)), v8f)
-    y = builder.fmul(y, builder.fpext(scale, v8d))
-    return builder.select(builder.fcmp_unordered("uno", xd, xd), xd, y)
+    y = builder.fmul(y, scale)
+    return builder.select(builder.fcmp_unordered("uno", x, x), x, y)
 
 
 def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False, has_next: bool = False) -> Any:
@@ -517,15 +515,23 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False
     (γλ) are float64 arrays of one element per row, the first two updated in
     place; ``rb``, ``cb``, ``pb`` are the clipping thresholds (float64).
 
-    Per step, on ``<8 x double>``, the terms of the V-trace fast path
-    (:mod:`gaescan.kernels.cpu_vtrace`): ``e = exp(lr)`` (:func:`_exp8_mixed`,
-    within 5e-9 relative; a block with a log-ratio outside
-    ``[_EXPM_LO, _EXPM_HI]`` takes :func:`_exp8`, the scalar kernels'
-    float64 exponential, and their bits), the bracket
+    Per step, the terms of the V-trace fast path
+    (:mod:`gaescan.kernels.cpu_vtrace`): ``e = exp(lr)``, the bracket
     ``w = r + γV' − v`` (``r − v`` at a done), ``δ = min(ρ̄, e)·w``, the
     carry ``D = δ + γλ·min(c̄, e)·D'`` (``D = δ`` at a done: a select, so a
     NaN beyond the episode's end never reaches it), ``vs = v + D`` and the
     advantage ``min(ρ̄pg, e)·(w + γ·D')`` (``D'`` taken as 0 at a done).
+
+    ``e``, ``w`` and the advantage are computed on ``<8 x float>``
+    (:func:`_exp8_f32`, within one float32 ulp), ``δ``, the decay
+    ``γλ·min(c̄, e)``, the carry ``D`` and ``vs`` on ``<8 x double>``: γλ and
+    the carry in float32 would drift over long horizons (SPEC, Accuracy), and
+    ``δ`` in float64 keeps a large product of ``e`` and ``w`` from
+    overflowing before the decay shrinks it.  Float64 operations take four
+    128-bit operations each on CPUs that split 256-bit ones, so the rest stays
+    in float32.  A block with a log-ratio outside ``[_EXPM_LO, _EXPM_HI]``
+    runs every term on ``<8 x double>`` with :func:`_exp8`, the scalar
+    kernels' float64 exponential, and gives their bits.
     """
     @intrinsic
     def block(typingctx, r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, trunc):
@@ -571,10 +577,10 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False
                 # min(bar, e) keeping a NaN e.
                 return builder.select(builder.fcmp_ordered("<", bar, e), bar, e)
 
-            def run(exp, x, vn):
+            def run64(x, vn):
                 out_s, out_a = [None] * steps, [None] * steps
                 for s in range(steps - 1, -1, -1):
-                    rt, vt, e = wide(R[s]), wide(V[s]), exp(LR[s])
+                    rt, vt, e = wide(R[s]), wide(V[s]), _exp8(builder, wide(LR[s]), fma)
                     w = builder.fsub(builder.call(fma, [g, wide(NV[s]) if has_next else vn, rt]), vt)
                     cw = builder.fmul(gl, clip(cb, e))
                     if has_term or has_next:
@@ -596,10 +602,41 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False
                 blk.store_steps(4, out_s, v8f)
                 blk.store_steps(5, out_a, v8f)
 
-            # A log-ratio outside [_EXPM_LO, _EXPM_HI] (±inf included; NaN is not:
-            # it passes through either form) sends the whole block to the float64 form.
             fma32 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f] * 3),
                                                    "llvm.fma.v8f32")
+
+            def run32(x, vn):
+                v8 = builder.fptrunc
+                g32, zero32 = v8(g, v8f), ir.Constant(v8f, [0.0] * 8)
+                rb32, cb32, pb32 = (v8(b, v8f) for b in bars)
+                vn32 = v8(vn, v8f)
+
+                out_s, out_a = [None] * steps, [None] * steps
+                for s in range(steps - 1, -1, -1):
+                    rt, vt = R[s], V[s]
+                    e = _exp8_f32(builder, LR[s], fma32)
+                    w = builder.fsub(builder.call(fma32, [g32, NV[s] if has_next else vn32, rt]), vt)
+                    ce = clip(cb32, e)
+                    if has_term or has_next:
+                        tm = builder.icmp_unsigned("!=", D[s], zi)
+                        dn = builder.or_(tm, builder.icmp_unsigned("!=", TR[s], zi)) if has_next else tm
+                        w = builder.select(tm, builder.fsub(rt, vt), w)
+                        ce = builder.select(dn, zero32, ce)
+                        xm = builder.select(dn, zero, x)
+                    else:
+                        xm = x
+                    delta = builder.fmul(wide(clip(rb32, e)), wide(w))
+                    x = builder.call(fma, [builder.fmul(gl, wide(ce)), xm, delta])
+                    out_a[s] = builder.fmul(clip(pb32, e), builder.call(fma32, [g32, v8(xm, v8f), w]))
+                    out_s[s] = v8(builder.fadd(wide(vt), x), v8f)
+                    vn32 = vt
+                builder.store(x, px, align=8)
+                builder.store(wide(vn32), pv, align=8)
+                blk.store_steps(4, out_s, v8f)
+                blk.store_steps(5, out_a, v8f)
+
+            # A log-ratio outside [_EXPM_LO, _EXPM_HI] (±inf included; NaN is not:
+            # it passes through either form) sends the whole block to the float64 form.
             lo, hi = ir.Constant(v8f, [_EXPM_LO] * 8), ir.Constant(v8f, [_EXPM_HI] * 8)
             outside = None
             for lr in LR:
@@ -607,11 +644,12 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False
                 outside = o if outside is None else builder.or_(outside, o)
             wide_range = builder.icmp_unsigned("!=", builder.bitcast(outside, ir.IntType(8)),
                                                ir.Constant(ir.IntType(8), 0))
+
             with builder.if_else(wide_range, likely=False) as (then, otherwise):
                 with then:
-                    run(lambda lr: _exp8(builder, wide(lr), fma), x, vn)
+                    run64(x, vn)
                 with otherwise:
-                    run(lambda lr: _exp8_mixed(builder, lr, fma32, fma), x, vn)
+                    run32(x, vn)
             return context.get_dummy_value()
 
         return sig, codegen

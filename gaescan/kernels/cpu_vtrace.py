@@ -390,12 +390,11 @@ def vtrace_fused(r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, car
 # (no next_values), scalar or per-row γ and λ: eight rows per SIMD register in
 # blocks of 16 steps (:func:`gaescan.kernels._lanes.vtrace_lanes_block`), with no
 # scratch: the terms, the exponential, the chain and both outputs of a block
-# stay in registers.  The exponential of a block whose log-ratios all lie in
-# [-87, 88] reduces and scales in float64 and runs its polynomial in float32
-# (within 5e-9 relative, against the float32 outputs' rounding of 6e-8): the
-# float64 polynomial of _exp bounds the kernel on CPUs that split 256-bit
-# operations.  Its results are within the contract's tolerance of
-# vtrace_fused's, not the same bits.
+# stay in registers.  A block whose log-ratios all lie in [-87, 88] computes
+# the exponential (within one float32 ulp), the bracket and the advantage in
+# float32 and only δ, the decay and the trace in float64: float64 operations
+# bound the kernel on CPUs that split 256-bit operations.  Its results are
+# within the contract's tolerance of vtrace_fused's, not the same bits.
 
 _LANE_STEPS = 16
 _vlanes_term = vtrace_lanes_block(True, _LANE_STEPS)
@@ -463,8 +462,9 @@ def vtrace_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, cb, pb, vs
     Each group of 8 rows first runs its last ``T % 16`` steps one row at a
     time (the bits of :func:`vtrace_fused`), then its blocks of 16 steps from
     the end, each one call of the ``_vlanes_*`` block, with the same terms in
-    the same order and the exponential of :func:`gaescan.kernels._lanes._exp8_mixed`
-    (:func:`_exp`'s bits in a block with a log-ratio outside ``[-87, 88]``).  ``bound`` and
+    the same order, float32 where :func:`gaescan.kernels._lanes.vtrace_lanes_block`
+    says (:func:`_exp`'s float64 terms and bits in a block with a log-ratio
+    outside ``[-87, 88]``).  ``bound`` and
     ``carry`` are ``last_value`` and ``last_trace`` per row.
     """
     R, T = r.shape
