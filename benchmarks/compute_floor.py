@@ -6,7 +6,8 @@ A scan is memory-bound only where the kernel's instructions per step take
 less time than moving the step's bytes.  This script measures both sides on
 the machine it runs on:
 
-* the **compute floor**: :func:`gaescan.gae` (and, float32,
+* the **compute floor**: :func:`gaescan.gae` (and, float32, with
+  ``next_values`` and both flags, :func:`gaescan.linear_scan` both ways and
   :func:`gaescan.vtrace`) on ``[8, 8192]`` rows (float32:
   about 1.3 MB in all, inside L2 and L3), called many times in a row, so
   that every load hits the cache; on one thread (eight rows are one unit of
@@ -73,61 +74,77 @@ def main() -> None:
     tc = np.ones(N, np.float32)
     print(f"compute floor: [{b}, {t}] in cache, {calls} calls per timing, one thread; "
           f"memory floor: a triad over [{B}, {T}] elements on {threads} threads; medians of {args.repeat}")
-    print(f"{'case':24s} {'ns/step':>8s} {'compute floor':>14s} {'memory floor':>13s} {'measured':>9s}  bound")
-    for dtype in (np.float32, np.float64):
-        small = [rng.standard_normal((b, t)).astype(dtype) for _ in range(2)]
-        big = [rng.standard_normal((B, T), dtype=np.float32).astype(dtype) for _ in range(2)]
-        d_small = rng.random((b, t)) < 1e-3
-        d_big = rng.random((B, T), dtype=np.float32) < 1e-3
-        o_small = (np.empty_like(small[0]), np.empty_like(small[0]))
-        o_big = (np.empty_like(big[0]), np.empty_like(big[0]))
-        item = np.dtype(dtype).itemsize
+    print(f"{'case':30s} {'ns/step':>8s} {'compute floor':>14s} {'memory floor':>13s} {'measured':>9s}  bound")
+    def floor(label, call, nbytes, rows_of):
+        """One row of the table: ``call(arrays)`` on the small and the big inputs;
+        ``rows_of(shape)`` makes the arrays of one size."""
+        small, big = rows_of((b, t)), rows_of((B, T))
         triad_s = _median(lambda: _triad(ta, tb, tc, np.float32(3.0)), args.repeat)
         triad_bps = 12 * N / triad_s  # bytes per second
-        for name, extra, flag_bytes in (("dones", True, 1), ("plain", False, 0)):
-            kw_s = {"dones": d_small} if extra else {}
-            kw_b = {"dones": d_big} if extra else {}
 
-            def run_small(kw_s=kw_s, small=small, o_small=o_small):
-                for _ in range(calls):
-                    gaescan.gae(small[0], small[1], gamma=0.99, lam=0.95, out=o_small, **kw_s)
-
-            ns = _median(run_small, args.repeat) / (calls * b * t) * 1e9
-            measured = _median(lambda kw_b=kw_b, big=big, o_big=o_big: gaescan.gae(big[0], big[1], gamma=0.99, lam=0.95,
-                                                                                  out=o_big, **kw_b),
-                               args.repeat)
-            compute = ns * N / threads / 1e9
-            memory = (4 * item + flag_bytes) * N / triad_bps
-            bound = "compute" if compute > memory else "memory"
-            print(f"gae {name} {np.dtype(dtype).name:12s} {ns:8.3f} {compute * 1e3:11.1f} ms "
-                  f"{memory * 1e3:10.1f} ms {measured * 1e3:6.1f} ms  {bound}")
-
-    # V-trace, float32: reads r, v, log-ratios (and flags), writes vs and advantages.
-    small = [rng.standard_normal((b, t), dtype=np.float32) for _ in range(3)]
-    big = [rng.standard_normal((B, T), dtype=np.float32) for _ in range(3)]
-    small[2] *= 0.3
-    big[2] *= 0.3
-    d_small = rng.random((b, t)) < 1e-3
-    d_big = rng.random((B, T), dtype=np.float32) < 1e-3
-    o_small = (np.empty_like(small[0]), np.empty_like(small[0]))
-    o_big = (np.empty_like(big[0]), np.empty_like(big[0]))
-    triad_s = _median(lambda: _triad(ta, tb, tc, np.float32(3.0)), args.repeat)
-    triad_bps = 12 * N / triad_s
-    for name, extra, flag_bytes in (("dones", True, 1), ("plain", False, 0)):
-        kw_s = {"dones": d_small} if extra else {}
-        kw_b = {"dones": d_big} if extra else {}
-
-        def run_small(kw_s=kw_s):
+        def run_small():
             for _ in range(calls):
-                gaescan.vtrace(*small, gamma=0.99, out=o_small, **kw_s)
+                call(small)
 
         ns = _median(run_small, args.repeat) / (calls * b * t) * 1e9
-        measured = _median(lambda kw_b=kw_b: gaescan.vtrace(*big, gamma=0.99, out=o_big, **kw_b), args.repeat)
+        measured = _median(lambda: call(big), args.repeat)
         compute = ns * N / threads / 1e9
-        memory = (20 + flag_bytes) * N / triad_bps
+        memory = nbytes * N / triad_bps
         bound = "compute" if compute > memory else "memory"
-        print(f"vtrace {name} float32    {ns:8.3f} {compute * 1e3:11.1f} ms "
-              f"{memory * 1e3:10.1f} ms {measured * 1e3:6.1f} ms  {bound}")
+        print(f"{label:30s} {ns:8.3f} {compute * 1e3:11.1f} ms {memory * 1e3:10.1f} ms {measured * 1e3:6.1f} ms  {bound}",
+              flush=True)
+        return small
+
+    def gae_arrays(dtype, flags):
+        def make(shape):
+            a = {"rewards": rng.standard_normal(shape).astype(dtype), "values": rng.standard_normal(shape).astype(dtype)}
+            if "dones" in flags:
+                a["dones"] = rng.random(shape) < 1e-3
+            if "next" in flags:
+                a["next_values"] = rng.standard_normal(shape).astype(dtype)
+                a["terminated"] = rng.random(shape) < 1e-3
+                a["truncated"] = rng.random(shape) < 1e-3
+            a["out"] = (np.empty(shape, dtype), np.empty(shape, dtype))
+            return a
+        return make
+
+    def gae_call(a):
+        gaescan.gae(gamma=0.99, lam=0.95, **a)
+
+    for dtype in (np.float32, np.float64):
+        item = np.dtype(dtype).itemsize
+        name = np.dtype(dtype).name
+        floor(f"gae dones {name}", gae_call, 4 * item + 1, gae_arrays(dtype, ("dones",)))
+        floor(f"gae plain {name}", gae_call, 4 * item, gae_arrays(dtype, ()))
+    floor("gae next+term+trunc float32", gae_call, 22, gae_arrays(np.float32, ("next",)))
+
+    # linear_scan, float32: reads a and b, writes y.
+    def scan_arrays(shape):
+        return {"a": rng.uniform(0.9, 1.0, shape).astype(np.float32),
+                "b": rng.standard_normal(shape).astype(np.float32), "out": np.empty(shape, np.float32)}
+
+    for reverse in (True, False):
+        floor(f"linear_scan {'reverse' if reverse else 'forward'} float32",
+              lambda a, reverse=reverse: gaescan.linear_scan(**a, reverse=reverse), 12, scan_arrays)
+
+    # V-trace, float32: reads r, v, log-ratios (and flags), writes vs and advantages.
+    def vtrace_arrays(flags):
+        def make(shape):
+            a = [rng.standard_normal(shape, dtype=np.float32) for _ in range(3)]
+            a[2] *= 0.3
+            kw = {"dones": rng.random(shape) < 1e-3} if flags else {}
+            return a, kw, (np.empty(shape, np.float32), np.empty(shape, np.float32))
+        return make
+
+    def vtrace_call(a):
+        arrays, kw, out = a
+        gaescan.vtrace(*arrays, gamma=0.99, out=out, **kw)
+
+    floor("vtrace dones float32", vtrace_call, 21, vtrace_arrays(True))
+    small = floor("vtrace plain float32", vtrace_call, 20, vtrace_arrays(False))
+    small, o_small = small[0], small[2]
+    triad_s = _median(lambda: _triad(ta, tb, tc, np.float32(3.0)), args.repeat)
+    triad_bps = 12 * N / triad_s
 
     def run_exp():
         for _ in range(calls):
@@ -136,7 +153,7 @@ def main() -> None:
     ns = _median(run_exp, args.repeat) / (calls * b * t) * 1e9
     compute = ns * N / threads / 1e9
     memory = 20 * N / triad_bps
-    print(f"exp alone (vtrace)       {ns:8.3f} {compute * 1e3:11.1f} ms {memory * 1e3:10.1f} ms "
+    print(f"{'exp alone (vtrace)':30s} {ns:8.3f} {compute * 1e3:11.1f} ms {memory * 1e3:10.1f} ms "
           f"{'-':>6s}     {'compute' if compute > memory else 'memory'}")
 
 

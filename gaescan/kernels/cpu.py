@@ -388,6 +388,11 @@ def _scan_at(a, b, i, j, y, out):
     return y
 
 
+# Steps by which the second sequence of a pair trails the first in the
+# kernels that stagger their pairs (see :func:`scan_rows`): 64 steps are
+# 256 bytes of float32, four cache sets.
+PAIR_LAG = 64
+
 # Sequences run in pairs (two independent chains in one loop hide each
 # other's latency, see _gae_pair below): rows 2u and 2u + 1, or segments 2u
 # and 2u + 1 of a packed row.  Both sequences run their first ``min(n0, n1)``
@@ -512,31 +517,33 @@ def returns_rows(rewards, gamma, dones, mask, bound, cu, packed, zero, out):
     parallel=True,
 )
 def scan_rows(a, b, reverse, initial, out):
-    """``y_t = a_t y_{t∓1} + b_t`` per row, starting from ``initial[r]``."""
+    """``y_t = a_t y_{t∓1} + b_t`` per row, starting from ``initial[r]``.
+
+    Rows run in pairs, the second :data:`PAIR_LAG` steps behind the first
+    (each chain's steps in their own order, so the bits of two chains side by
+    side): the rows of a power-of-two length lie a multiple of 4 KiB apart,
+    so the same step of two rows falls in one cache set, and a pair's six
+    streams in one set evict each other's prefetched lines."""
     R, T = b.shape
+    # Step j of a row is at o + s·j: from the end with ``reverse``.
+    o, s = (np.int64(T) - 1, np.int64(-1)) if reverse else (np.int64(0), np.int64(1))
     for u in prange((R + 1) // 2):
         i = 2 * np.int64(u)
         k = i + 1
         y0 = _f8(initial[i])
-        if not reverse:
-            if k < R:
-                y1 = _f8(initial[k])
-                for j in range(T):
-                    t = np.uint64(j)
-                    y0 = _scan_at(a, b, i, t, y0, out)
-                    y1 = _scan_at(a, b, k, t, y1, out)
-            else:
-                for j in range(T):
-                    y0 = _scan_at(a, b, i, np.uint64(j), y0, out)
-        elif k < R:
+        if k < R:
             y1 = _f8(initial[k])
-            for j in range(T):
-                t = np.uint64(T - 1 - j)
-                y0 = _scan_at(a, b, i, t, y0, out)
-                y1 = _scan_at(a, b, k, t, y1, out)
+            L = min(PAIR_LAG, T)
+            for j in range(L):
+                y0 = _scan_at(a, b, i, np.uint64(o + s * j), y0, out)
+            for j in range(L, T):
+                y0 = _scan_at(a, b, i, np.uint64(o + s * j), y0, out)
+                y1 = _scan_at(a, b, k, np.uint64(o + s * (j - L)), y1, out)
+            for j in range(T - L, T):
+                y1 = _scan_at(a, b, k, np.uint64(o + s * j), y1, out)
         else:
             for j in range(T):
-                y0 = _scan_at(a, b, i, np.uint64(T - 1 - j), y0, out)
+                y0 = _scan_at(a, b, i, np.uint64(o + s * j), y0, out)
 
 
 # ------------------------------------------------------------ time-major, general
