@@ -251,6 +251,7 @@ def _renamed(func: Callable[..., Any], suffix: str, namespace: dict[str, Any]) -
 _STATE_HELPERS = ("_gae_at", "_ret_at", "_scan_at", "_gstep", "_mstep", "_nstep", "_lane_steps",
                   "_rows_block", "_packed_block", "_tm_cols", "_tm_ret_at",
                   "_gae_span", "_gae_span2", "_ret_span", "_ret_span2",
+                  "_row_next", "_row_mask", "_row_term", "_row_plain",
                   "_gae_pair", "_gae_unit", "_ret_pair", "_ret_unit")
 _F4_NAMESPACE: dict[str, Any] = {}
 
@@ -681,80 +682,100 @@ def _nstep(rt, vt, nvt, term, done, g, gl, an):
     return delta if done else delta + gl * an
 
 
+@njit(inline="always", fastmath=_FM)
+def _row_next(r, v, nv, d, tr, adv, ret, i, t, g, gl, a):
+    """One step of row ``i`` at ``t`` with next values (see :func:`_nstep`)."""
+    x = v[i, t]
+    dt = d[i, t] != 0
+    a = _nstep(r[i, t], x, nv[i, t], dt, dt or tr[i, t] != 0, g, gl, a)
+    o = adv.dtype.type(a)
+    adv[i, t] = o
+    ret[i, t] = o + x
+    return a
+
+
+@njit(inline="always", fastmath=_FM)
+def _row_mask(r, v, d, m, adv, ret, i, t, has_term, g, gl, a, vn):
+    """One masked step of row ``i`` at ``t`` (see :func:`_mstep`)."""
+    ft = adv.dtype.type
+    a, vn, b, w = _mstep(r[i, t], v[i, t], has_term and d[i, t] != 0, m[i, t] != 0, g, gl, a, vn, ft(0))
+    o = ft(b)
+    adv[i, t] = o
+    ret[i, t] = o + w
+    return a, vn
+
+
+@njit(inline="always", fastmath=_FM)
+def _row_term(r, v, d, adv, ret, i, t, g, gl, a, vn):
+    """One step of row ``i`` at ``t`` with terminations (see :func:`_gstep`)."""
+    x = v[i, t]
+    a = _gstep(r[i, t], x, vn, d[i, t] != 0, g, gl, a)
+    o = adv.dtype.type(a)
+    adv[i, t] = o
+    ret[i, t] = o + x
+    return a, x
+
+
+@njit(inline="always", fastmath=_FM)
+def _row_plain(r, v, adv, ret, i, t, g, gl, a, vn):
+    """One step of row ``i`` at ``t`` without flags."""
+    x = v[i, t]
+    a = _f8(r[i, t] + g * vn - x) + gl * a
+    o = adv.dtype.type(a)
+    adv[i, t] = o
+    ret[i, t] = o + x
+    return a, x
+
+
 @njit(fastmath=_FM, nogil=True, cache=True)
 def _gae_pair(r, v, nv, d, tr, m, adv, ret, i, k, has_next, has_term, has_mask,
               g0, gl0, g1, gl1, vl0, vl1, al0, al1):
     """Rows ``i`` and ``k`` in one loop: two independent chains hide each
-    other's FMA-and-select latency, which bounds a lone chain.  ``k == i``
-    runs one row as both chains: they compute the same bits and store them
-    twice, in about the time of the lone chain."""
+    other's FMA-and-select latency, which bounds a lone chain.  Row ``k``
+    runs :data:`PAIR_LAG` steps behind row ``i`` (see :func:`scan_rows`:
+    the same step of two rows of a power-of-two length falls in one cache
+    set); the first ``L`` steps of row ``i`` and the last ``L`` of row ``k``
+    run alone.  ``k == i`` runs one row as both chains: they compute the
+    same bits and store them twice, in about the time of the lone chain."""
     T = r.shape[1]
-    ft = adv.dtype.type
     a0 = al0
     a1 = al1
     v0 = vl0
     v1 = vl1
-    zero = ft(0)
+    L = min(PAIR_LAG, T)
+    # Step j of row i is at T − 1 − j; row k takes step j − L meanwhile.
     if has_next:
-        for j in range(T):
-            t = np.uint64(T - 1 - j)
-            x0 = v[i, t]
-            x1 = v[k, t]
-            d0 = d[i, t] != 0
-            d1 = d[k, t] != 0
-            a0 = _nstep(r[i, t], x0, nv[i, t], d0, d0 or tr[i, t] != 0, g0, gl0, a0)
-            a1 = _nstep(r[k, t], x1, nv[k, t], d1, d1 or tr[k, t] != 0, g1, gl1, a1)
-            o0 = ft(a0)
-            o1 = ft(a1)
-            adv[i, t] = o0
-            ret[i, t] = o0 + x0
-            adv[k, t] = o1
-            ret[k, t] = o1 + x1
+        for j in range(L):
+            a0 = _row_next(r, v, nv, d, tr, adv, ret, i, np.uint64(T - 1 - j), g0, gl0, a0)
+        for j in range(L, T):
+            a0 = _row_next(r, v, nv, d, tr, adv, ret, i, np.uint64(T - 1 - j), g0, gl0, a0)
+            a1 = _row_next(r, v, nv, d, tr, adv, ret, k, np.uint64(T - 1 - j + L), g1, gl1, a1)
+        for j in range(T - L, T):
+            a1 = _row_next(r, v, nv, d, tr, adv, ret, k, np.uint64(T - 1 - j), g1, gl1, a1)
     elif has_mask:
-        for j in range(T):
-            t = np.uint64(T - 1 - j)
-            a0, v0, b0, w0 = _mstep(r[i, t], v[i, t], has_term and d[i, t] != 0,
-                                    m[i, t] != 0, g0, gl0, a0, v0, zero)
-            a1, v1, b1, w1 = _mstep(r[k, t], v[k, t], has_term and d[k, t] != 0,
-                                    m[k, t] != 0, g1, gl1, a1, v1, zero)
-            o0 = ft(b0)
-            o1 = ft(b1)
-            adv[i, t] = o0
-            ret[i, t] = o0 + w0
-            adv[k, t] = o1
-            ret[k, t] = o1 + w1
+        for j in range(L):
+            a0, v0 = _row_mask(r, v, d, m, adv, ret, i, np.uint64(T - 1 - j), has_term, g0, gl0, a0, v0)
+        for j in range(L, T):
+            a0, v0 = _row_mask(r, v, d, m, adv, ret, i, np.uint64(T - 1 - j), has_term, g0, gl0, a0, v0)
+            a1, v1 = _row_mask(r, v, d, m, adv, ret, k, np.uint64(T - 1 - j + L), has_term, g1, gl1, a1, v1)
+        for j in range(T - L, T):
+            a1, v1 = _row_mask(r, v, d, m, adv, ret, k, np.uint64(T - 1 - j), has_term, g1, gl1, a1, v1)
     elif has_term:
-        for j in range(T):
-            t = np.uint64(T - 1 - j)
-            x0 = v[i, t]
-            x1 = v[k, t]
-            a0 = _gstep(r[i, t], x0, v0, d[i, t] != 0, g0, gl0, a0)
-            a1 = _gstep(r[k, t], x1, v1, d[k, t] != 0, g1, gl1, a1)
-            o0 = ft(a0)
-            o1 = ft(a1)
-            adv[i, t] = o0
-            ret[i, t] = o0 + x0
-            adv[k, t] = o1
-            ret[k, t] = o1 + x1
-            v0 = x0
-            v1 = x1
+        for j in range(L):
+            a0, v0 = _row_term(r, v, d, adv, ret, i, np.uint64(T - 1 - j), g0, gl0, a0, v0)
+        for j in range(L, T):
+            a0, v0 = _row_term(r, v, d, adv, ret, i, np.uint64(T - 1 - j), g0, gl0, a0, v0)
+            a1, v1 = _row_term(r, v, d, adv, ret, k, np.uint64(T - 1 - j + L), g1, gl1, a1, v1)
+        for j in range(T - L, T):
+            a1, v1 = _row_term(r, v, d, adv, ret, k, np.uint64(T - 1 - j), g1, gl1, a1, v1)
     else:
-        for j in range(T):
-            t = np.uint64(T - 1 - j)
-            x0 = v[i, t]
-            x1 = v[k, t]
-            a0 = _f8(r[i, t] + g0 * v0 - x0) + gl0 * a0
-            a1 = _f8(r[k, t] + g1 * v1 - x1) + gl1 * a1
-            o0 = ft(a0)
-            o1 = ft(a1)
-            adv[i, t] = o0
-            ret[i, t] = o0 + x0
-            adv[k, t] = o1
-            ret[k, t] = o1 + x1
-            v0 = x0
-            v1 = x1
-
-
+        for j in range(L):
+            a0, v0 = _row_plain(r, v, adv, ret, i, np.uint64(T - 1 - j), g0, gl0, a0, v0)
+        for j in range(L, T):
+            a0, v0 = _row_plain(r, v, adv, ret, i, np.uint64(T - 1 - j), g0, gl0, a0, v0)
+            a1, v1 = _row_plain(r, v, adv, ret, k, np.uint64(T - 1 - j + L), g1, gl1, a1, v1)
+        for j in range(T - L, T):
+            a1, v1 = _row_plain(r, v, adv, ret, k, np.uint64(T - 1 - j), g1, gl1, a1, v1)
 
 
 @njit(fastmath=_FM, nogil=True, cache=True)
