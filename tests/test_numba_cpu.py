@@ -170,8 +170,9 @@ def test_int64_indexing_logic():
 
 
 def test_specialisation_counts():
-    for k in (cpu.gae_rows_fused, cpu.gae_rows_fused_1t, cpu.gae_timemajor, cpu.gae_rows,
-              cpu.returns_rows, cpu.returns_rows_fused, cpu.returns_rows_fused_1t, cpu.scan_rows):
+    for k in (cpu.gae_rows_fused, cpu.gae_rows_fused_1t, cpu.gae_rows_fused_c, cpu.gae_rows_fused_1t_c,
+              cpu.gae_timemajor, cpu.gae_rows, cpu.returns_rows, cpu.returns_rows_fused,
+              cpu.returns_rows_fused_1t, cpu.scan_rows):
         assert len(k.signatures) == 2, (k, k.signatures)
     # a call compiles its dtype's build, closed to that one signature, and
     # other argument layouts (C-contiguous here, "A" in the signature) reuse it
@@ -412,18 +413,18 @@ def _gae_spy_case(name, dtype, rng):
     per_row = np.array([[0.9], [0.99], [0.5], [_F4_MAX]], dtype=dtype)
     cases = {
         # name: (call, expected state, kernel)
-        "scalar": (dict(gamma=0.99, lam=0.95, dones=d), "f32", "gae_rows_fused_1t"),
-        "scalar-at-limit": (dict(gamma=_F4_MAX, lam=1.0, dones=d), "f32", "gae_rows_fused_1t"),
-        "scalar-over-limit": (dict(gamma=_F4_OVER, lam=1.0, dones=d), "f64", "gae_rows_fused_1t"),
+        "scalar": (dict(gamma=0.99, lam=0.95, dones=d), "f32", "gae_rows_fused_1t_c"),
+        "scalar-at-limit": (dict(gamma=_F4_MAX, lam=1.0, dones=d), "f32", "gae_rows_fused_1t_c"),
+        "scalar-over-limit": (dict(gamma=_F4_OVER, lam=1.0, dones=d), "f64", "gae_rows_fused_1t_c"),
         # γ enters δ once per step: only γλ counts
-        "gamma-near-1-small-lam": (dict(gamma=0.9999999, lam=0.9), "f32", "gae_rows_fused_1t"),
-        "lam-near-1": (dict(gamma=1.0, lam=0.99999), "f64", "gae_rows_fused_1t"),
-        "per-row": (dict(gamma=per_row, lam=1.0, dones=d), "f32", "gae_rows_fused_1t"),
+        "gamma-near-1-small-lam": (dict(gamma=0.9999999, lam=0.9), "f32", "gae_rows_fused_1t_c"),
+        "lam-near-1": (dict(gamma=1.0, lam=0.99999), "f64", "gae_rows_fused_1t_c"),
+        "per-row": (dict(gamma=per_row, lam=1.0, dones=d), "f32", "gae_rows_fused_1t_c"),
         "per-row-one-over": (dict(gamma=np.where(per_row == 0.5, 0.99999, per_row).astype(dtype), lam=1.0, dones=d),
-                             "f64", "gae_rows_fused_1t"),
+                             "f64", "gae_rows_fused_1t_c"),
         "per-step": (dict(gamma=np.full((R, T), 0.5, dtype), lam=0.5, dones=d), "f64", "gae_rows"),
         "per-step-lam": (dict(gamma=0.5, lam=np.full((R, T), 0.5, dtype)), "f64", "gae_rows"),
-        "mask": (dict(gamma=0.99, lam=0.95, dones=d, mask=m), "f32", "gae_rows_fused_1t"),
+        "mask": (dict(gamma=0.99, lam=0.95, dones=d, mask=m), "f32", "gae_rows_fused_1t_c"),
         "next+mask": (dict(gamma=0.99, lam=0.95, next_values=v, terminated=d, mask=m), "f32", "gae_rows"),
         "packed": (dict(gamma=0.99, lam=0.95, cu_seqlens=np.array([0, 17, R * T])), "f32", "gae_rows"),
         "packed-near-1": (dict(gamma=0.99999, lam=1.0, cu_seqlens=np.array([0, 17, R * T])), "f64",
@@ -462,6 +463,61 @@ def test_gae_state_build_choice(build_spy, name):
     r64, v64, kw64, _, _ = _gae_spy_case(name, np.float64, np.random.default_rng(3))
     gaescan.gae(r64, v64, **kw64, backend="numba")
     assert [s for _, s in build_spy] == ["f64"] * len(build_spy) and build_spy
+
+
+# The fused pair kernels have a build for C-contiguous rows (``*_c``: the inner
+# stride known when compiling) beside the one for any strides.  The same data as
+# C-contiguous arrays and as strided views: each build where it should run, the
+# same bits from both.  R = 5 keeps float32 rows off the lanes kernel (8 rows or
+# more), so both sides of SERIAL_MAX_STEPS run a pair kernel.
+_LAYOUT_CASES = {
+    "dones": lambda d, t, nv: dict(dones=d),
+    "plain": lambda d, t, nv: {},
+    "mask": lambda d, t, nv: dict(dones=d, mask=t),
+    "next+both-flags": lambda d, t, nv: dict(next_values=nv, terminated=d, truncated=t),
+    "next+term-only": lambda d, t, nv: dict(next_values=nv, terminated=d),
+    # an absent termination flag is a zero-stride view: the strided build runs
+    "next+trunc-only": lambda d, t, nv: dict(next_values=nv, truncated=t),
+}
+
+
+@pytest.mark.parametrize("case", list(_LAYOUT_CASES))
+@pytest.mark.parametrize("T", [257, 8193], ids=["serial", "parallel"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_layout_builds_give_the_same_bits(build_spy, case, T, dtype):
+    R = 5
+    rng = np.random.default_rng(11)
+    data = [rng.standard_normal((R, T)).astype(dtype) for _ in range(3)]
+    flags = [rng.random((R, T)) < p for p in (0.03, 0.5)]
+    data[1][2, T // 3] = np.nan  # a NaN stays in its episode in both builds
+
+    def strided(x):
+        y = np.zeros((R, 2 * T), x.dtype)[:, ::2]
+        y[...] = x
+        return y
+
+    outs = {}
+    for layout, f in (("C", lambda x: x), ("strided", strided)):
+        r, v, nv = (f(x) for x in data)
+        kw = _LAYOUT_CASES[case](f(flags[0]), f(flags[1]), nv)
+        c_build = layout == "C" and case != "next+trunc-only"
+        suffix = "_1t" if R * T <= numba_cpu.SERIAL_MAX_STEPS else ""
+        _kept.clear()
+        for _ in range(2):  # the route, then the kept call's replay
+            build_spy.clear()
+            got = gaescan.gae(r, v, gamma=0.99, lam=0.95, **kw)
+            names = {name for name, _ in build_spy}
+            assert names == {f"gae_rows_fused{suffix}{'_c' if c_build else ''}"}, names
+            if layout in outs:
+                assert all(np.array_equal(x.view(np.uint8), y.view(np.uint8)) for x, y in zip(got, outs[layout]))
+            outs[layout] = got
+    for x, y in zip(outs["C"], outs["strided"], strict=True):
+        assert np.array_equal(x, y, equal_nan=True) and np.array_equal(np.signbit(x), np.signbit(y))
+    A, Rt = gt.gae(*data[:2], gamma=0.99, lam=0.95, **_LAYOUT_CASES[case](*flags, data[2]))
+    for got, want in ((outs["C"][0], A), (outs["C"][1], Rt)):
+        ok = np.isfinite(want)
+        assert np.array_equal(np.isfinite(got), ok)
+        gt.assert_close(got[ok], want[ok], dtype=dtype)
 
 
 @pytest.mark.parametrize(("gamma", "state"), [

@@ -151,9 +151,12 @@ def _const_col(value: float, n: int, dtype: np.dtype) -> np.ndarray:
     return col
 
 
-def _rows_kernel(R: int, T: int) -> Any:
-    """The batch-major fused kernel for ``R`` rows of ``T`` steps."""
-    return cpu.gae_rows_fused_1t if R * T <= SERIAL_MAX_STEPS else cpu.gae_rows_fused
+def _rows_kernel(R: int, T: int, contiguous: bool = False) -> Any:
+    """The batch-major fused kernel for ``R`` rows of ``T`` steps (its build
+    for C-contiguous rows with ``contiguous``)."""
+    if R * T <= SERIAL_MAX_STEPS:
+        return cpu.gae_rows_fused_1t_c if contiguous else cpu.gae_rows_fused_1t
+    return cpu.gae_rows_fused_c if contiguous else cpu.gae_rows_fused
 
 
 def _time_major(*arrays: np.ndarray) -> bool:
@@ -313,18 +316,30 @@ def _gae_general(p: GAEProblem, rows: Rows) -> None:
 class _Fused:
     """What the fused kernels need besides the arrays: the per-row columns of
     γ and λ, the boundary values, whether the state may be float32
-    (``narrow``), ``rows_call``, the batch-major kernel for the call's
-    size, ready to call (see :meth:`gaescan.kernels.cpu.Kernel.caller`), and
-    ``lanes_call``, the eight-rows-in-lanes kernel where it may serve
-    (:func:`_lanes_kernel`; :func:`_call_rows` checks the arrays' layout)."""
+    (``narrow``), the batch-major pair kernel for the call's size
+    (:meth:`rows_call`) and ``lanes_call``, the eight-rows-in-lanes kernel
+    where it may serve (:func:`_lanes_kernel`; :func:`_call_rows` checks the
+    arrays' layout)."""
 
-    __slots__ = ("gcol", "lcol", "bound", "carry", "narrow", "rows_call", "lanes_call")
+    __slots__ = ("gcol", "lcol", "bound", "carry", "narrow", "lanes_call", "_shape", "_calls")
 
     def __init__(self, gcol: np.ndarray, lcol: np.ndarray, bound: np.ndarray, carry: np.ndarray,
                  narrow: bool, rows: Rows):
         self.gcol, self.lcol, self.bound, self.carry, self.narrow = gcol, lcol, bound, carry, narrow
-        self.rows_call = _rows_kernel(rows.R, rows.T).caller(rows.dtype, narrow)
         self.lanes_call = _lanes_kernel(rows, narrow)
+        self._shape = rows.R, rows.T, rows.dtype
+        self._calls: list[Any] = [None, None]
+
+    def rows_call(self, contiguous: bool) -> Any:
+        """The pair kernel ready to call (see
+        :meth:`gaescan.kernels.cpu.Kernel.caller`): its build for C-contiguous
+        rows with ``contiguous``.  Each is resolved (compiled, for a serial
+        kernel) on first use: a call compiles only the build it runs."""
+        call = self._calls[contiguous]
+        if call is None:
+            R, T, dtype = self._shape
+            call = self._calls[contiguous] = _rows_kernel(R, T, contiguous).caller(dtype, self.narrow)
+        return call
 
 
 def _lanes_kernel(rows: Rows, narrow: bool) -> Any:
@@ -417,19 +432,27 @@ def _gae_fast(p: GAEProblem, rows: Rows, prep: _Fused) -> bool:
 
 
 def _call_rows(prep: _Fused, r: np.ndarray, v: np.ndarray, nv: np.ndarray | None, term: np.ndarray | None,
-               trunc: np.ndarray | None, mask: np.ndarray | None, adv: np.ndarray, ret: np.ndarray) -> None:
+               trunc: np.ndarray | None, mask: np.ndarray | None, adv: np.ndarray, ret: np.ndarray,
+               contiguous: bool | None = None) -> None:
     """The batch-major fused kernel on prepared arrays (flags as uint8 views
     or ``None``).  With ``next_values`` the kernel reads both flags: absent
     ones as zero-stride views of 0.  Where every array it reads is contiguous
     along time (and, with ``next_values``, both flags are given), the
     eight-rows-in-lanes kernel runs the rows it can and the pair kernel, with
-    the same arguments, the last ``R % 8``."""
+    the same arguments, the last ``R % 8``.  Elsewhere the pair kernel runs
+    its build for C-contiguous rows where the arrays it types "C" are (see
+    :data:`gaescan.kernels.cpu.gae_rows_fused_c`); ``contiguous``, when not
+    ``None``, says whether they are (a replay knows it beforehand)."""
     if nv is None and prep.lanes_call is None:
         # The small calls' path, kept free of the argument tuples below: a
         # replayed call spends most of its host time here.
-        prep.rows_call(r, v, v, False, _NO_FLAGS if term is None else term, term is not None, _NO_FLAGS,
-                       _NO_FLAGS if mask is None else mask, mask is not None, prep.gcol, prep.lcol, prep.bound,
-                       prep.carry, adv, ret)
+        if contiguous is None:
+            contiguous = (r.flags.c_contiguous and v.flags.c_contiguous and adv.flags.c_contiguous
+                          and ret.flags.c_contiguous and (term is None or term.flags.c_contiguous))
+        call = prep.rows_call(contiguous)
+        call(r, v, v, False, _NO_FLAGS if term is None else term, term is not None, _NO_FLAGS,
+             _NO_FLAGS if mask is None else mask, mask is not None, prep.gcol, prep.lcol, prep.bound,
+             prep.carry, adv, ret)
         return
     if nv is not None:
         zeros = np.ndarray(r.shape, np.uint8, _ZERO8, 0, (0, 0))
@@ -439,13 +462,16 @@ def _call_rows(prep: _Fused, r: np.ndarray, v: np.ndarray, nv: np.ndarray | None
         args = (r, v, v, False, _NO_FLAGS if term is None else term, term is not None, _NO_FLAGS,
                 _NO_FLAGS if mask is None else mask, mask is not None)
     if prep.lanes_call is None:
-        prep.rows_call(*args, prep.gcol, prep.lcol, prep.bound, prep.carry, adv, ret)
+        if contiguous is None:
+            contiguous = all(x.flags.c_contiguous for x in args[:3] + args[4:5] + (adv, ret))
+        call = prep.rows_call(contiguous)
+        call(*args, prep.gcol, prep.lcol, prep.bound, prep.carry, adv, ret)
         return
     tail = (prep.gcol, prep.lcol, prep.bound, prep.carry, adv, ret)
     read = (r, v, nv, term, trunc, adv, ret) if nv is not None else (
         r, v, adv, ret, r if term is None else term, r if mask is None else mask)
     if not all([x is not None and _along_time(x) for x in read]):
-        prep.rows_call(*args, *tail)
+        prep.rows_call(False)(*args, *tail)
         return
     phase, stream = _stream(adv, ret)
     prep.lanes_call(*args, prep.gcol, prep.lcol, prep.bound, prep.carry, phase if stream else 0, stream, adv, ret)
@@ -453,7 +479,7 @@ def _call_rows(prep: _Fused, r: np.ndarray, v: np.ndarray, nv: np.ndarray | None
     r8 = R - R % 8
     if r8 < R:
         s = slice(r8, None)
-        prep.rows_call(*(x[s] if isinstance(x, np.ndarray) and x is not _NO_FLAGS else x for x in args),
+        prep.rows_call(False)(*(x[s] if isinstance(x, np.ndarray) and x is not _NO_FLAGS else x for x in args),
                        *(x[s] for x in tail))
 
 
@@ -473,13 +499,17 @@ def _fused_replay(p: GAEProblem, rows: Rows, prep: _Fused) -> Any:
         return None
     shape, serial_max, max_decay = (rows.R, rows.T), SERIAL_MAX_STEPS, F32_STATE_MAX_DECAY
     u8, empty, call = np.uint8, np.empty, _call_rows
+    # The key fixes every input's strides, and the outputs are new C arrays.
+    # With next values, an absent termination flag is a zero-stride view.
+    contiguous = all(x.flags.c_contiguous for x in (p.rewards, p.values, p.next_values, p.terminated)
+                     if x is not None) and (p.next_values is None or p.terminated is not None)
 
     def replay(r, v, nv, term, trunc, mask):
         if serial_max is not SERIAL_MAX_STEPS or max_decay is not F32_STATE_MAX_DECAY:
             return None
         adv, ret = empty(shape, dtype), empty(shape, dtype)
         call(prep, r, v, nv, None if term is None else term.view(u8), None if trunc is None else trunc.view(u8),
-             None if mask is None else mask.view(u8), adv, ret)
+             None if mask is None else mask.view(u8), adv, ret, contiguous)
         return adv, ret
 
     return replay

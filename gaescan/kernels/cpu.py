@@ -833,6 +833,26 @@ def gae_rows_fused_1t(rewards, values, next_values, has_next, term, has_term, tr
                   gcol, lcol, bound, carry, adv, ret)
 
 
+# The same two kernels for C-contiguous rows: rewards, values, next values,
+# terminations and both outputs typed "C" (truncations and masks stay "A":
+# absent ones are zero-stride views).  Numba then indexes with the inner
+# stride known at compile time; on strided ("A") arrays it multiplies a
+# runtime stride at every access, which costs the float64 loop with
+# terminations a large part of its speed (benchmarks/results/*-c-layout.txt).
+def _c2(dtype: types.Type, readonly: bool = True) -> types.Array:
+    return types.Array(dtype, 2, "C", readonly=readonly)
+
+
+_FUSED_C_SIGS = [
+    types.void(_c2(ft), _c2(ft), _c2(ft), _B, _c2(types.uint8), _B, _U8A, _U8A, _B,
+               _ro(ft, 1), _ro(ft, 1), _ro(ft, 1), _ro(ft, 1), _c2(ft, False), _c2(ft, False))
+    for ft in _FLOATS
+]
+gae_rows_fused_c = kernel(_FUSED_C_SIGS, parallel=True, fastmath=_FM)(
+    _renamed(gae_rows_fused.py_func, "_c", globals()))
+gae_rows_fused_1t_c = kernel(_FUSED_C_SIGS, fastmath=_FM)(_renamed(gae_rows_fused_1t.py_func, "_c", globals()))
+
+
 # Eight rows in the lanes of one SIMD register (see :mod:`gaescan.kernels._lanes`),
 # 16 steps a block: each row's loads and stores are whole 64-byte lines (blocks of
 # 8 and 32 steps are slower: benchmarks/results/*-lanes_block_steps.txt).  The blocks
