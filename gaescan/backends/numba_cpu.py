@@ -480,7 +480,7 @@ def _call_rows(prep: _Fused, r: np.ndarray, v: np.ndarray, nv: np.ndarray | None
     if r8 < R:
         s = slice(r8, None)
         prep.rows_call(False)(*(x[s] if isinstance(x, np.ndarray) and x is not _NO_FLAGS else x for x in args),
-                       *(x[s] for x in tail))
+                              *(x[s] for x in tail))
 
 
 def _fused_replay(p: GAEProblem, rows: Rows, prep: _Fused) -> Any:
