@@ -577,63 +577,59 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False
                 # min(bar, e) keeping a NaN e.
                 return builder.select(builder.fcmp_ordered("<", bar, e), bar, e)
 
-            def run64(x, vn):
-                out_s, out_a = [None] * steps, [None] * steps
-                for s in range(steps - 1, -1, -1):
-                    rt, vt, e = wide(R[s]), wide(V[s]), _exp8(builder, wide(LR[s]), fma)
-                    w = builder.fsub(builder.call(fma, [g, wide(NV[s]) if has_next else vn, rt]), vt)
-                    cw = builder.fmul(gl, clip(cb, e))
-                    if has_term or has_next:
-                        # term: no bootstrap; done (term, or with next_values trunc): no carry.
-                        tm = builder.icmp_unsigned("!=", D[s], zi)
-                        dn = builder.or_(tm, builder.icmp_unsigned("!=", TR[s], zi)) if has_next else tm
-                        w = builder.select(tm, builder.fsub(rt, vt), w)
-                        cw = builder.select(dn, zero, cw)
-                        xm = builder.select(dn, zero, x)
-                    else:
-                        xm = x
-                    a = builder.fmul(clip(pb, e), builder.call(fma, [g, xm, w]))
-                    x = builder.call(fma, [cw, xm, builder.fmul(clip(rb, e), w)])
-                    out_s[s] = builder.fptrunc(builder.fadd(vt, x), v8f)
-                    out_a[s] = builder.fptrunc(a, v8f)
-                    vn = vt
+            def cut(s, rt, vt, w, c, zc, x):
+                """Step ``s``'s bracket ``w``, decay ``c`` and carried trace ``x`` after its
+                flags: a termination takes no bootstrap (``w = r − v``), a done (a
+                termination, or with next values a truncation) no carry (``c`` is
+                ``zc``, the trace 0).  Selects: a NaN past the episode's end stays out."""
+                if not (has_term or has_next):
+                    return w, c, x
+                tm = builder.icmp_unsigned("!=", D[s], zi)
+                dn = builder.or_(tm, builder.icmp_unsigned("!=", TR[s], zi)) if has_next else tm
+                return (builder.select(tm, builder.fsub(rt, vt), w), builder.select(dn, zc, c),
+                        builder.select(dn, zero, x))
+
+            def finish(x, vn, out_s, out_a):
                 builder.store(x, px, align=8)
                 builder.store(vn, pv, align=8)
                 blk.store_steps(4, out_s, v8f)
                 blk.store_steps(5, out_a, v8f)
 
+            def run64(x, vn):
+                out_s, out_a = [None] * steps, [None] * steps
+                for s in range(steps - 1, -1, -1):
+                    rt, vt, e = wide(R[s]), wide(V[s]), _exp8(builder, wide(LR[s]), fma)
+                    w = builder.fsub(builder.call(fma, [g, wide(NV[s]) if has_next else vn, rt]), vt)
+                    w, cw, xm = cut(s, rt, vt, w, builder.fmul(gl, clip(cb, e)), zero, x)
+                    a = builder.fmul(clip(pb, e), builder.call(fma, [g, xm, w]))
+                    x = builder.call(fma, [cw, xm, builder.fmul(clip(rb, e), w)])
+                    out_s[s] = builder.fptrunc(builder.fadd(vt, x), v8f)
+                    out_a[s] = builder.fptrunc(a, v8f)
+                    vn = vt
+                finish(x, vn, out_s, out_a)
+
             fma32 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f] * 3),
                                                    "llvm.fma.v8f32")
 
             def run32(x, vn):
-                v8 = builder.fptrunc
-                g32, zero32 = v8(g, v8f), ir.Constant(v8f, [0.0] * 8)
-                rb32, cb32, pb32 = (v8(b, v8f) for b in bars)
-                vn32 = v8(vn, v8f)
+                def narrow(v):
+                    return builder.fptrunc(v, v8f)
 
+                g32, zero32 = narrow(g), ir.Constant(v8f, [0.0] * 8)
+                rb32, cb32, pb32 = (narrow(b) for b in bars)
+                vn32 = narrow(vn)
                 out_s, out_a = [None] * steps, [None] * steps
                 for s in range(steps - 1, -1, -1):
                     rt, vt = R[s], V[s]
                     e = _exp8_f32(builder, LR[s], fma32)
                     w = builder.fsub(builder.call(fma32, [g32, NV[s] if has_next else vn32, rt]), vt)
-                    ce = clip(cb32, e)
-                    if has_term or has_next:
-                        tm = builder.icmp_unsigned("!=", D[s], zi)
-                        dn = builder.or_(tm, builder.icmp_unsigned("!=", TR[s], zi)) if has_next else tm
-                        w = builder.select(tm, builder.fsub(rt, vt), w)
-                        ce = builder.select(dn, zero32, ce)
-                        xm = builder.select(dn, zero, x)
-                    else:
-                        xm = x
+                    w, ce, xm = cut(s, rt, vt, w, clip(cb32, e), zero32, x)
                     delta = builder.fmul(wide(clip(rb32, e)), wide(w))
                     x = builder.call(fma, [builder.fmul(gl, wide(ce)), xm, delta])
-                    out_a[s] = builder.fmul(clip(pb32, e), builder.call(fma32, [g32, v8(xm, v8f), w]))
-                    out_s[s] = v8(builder.fadd(wide(vt), x), v8f)
+                    out_a[s] = builder.fmul(clip(pb32, e), builder.call(fma32, [g32, narrow(xm), w]))
+                    out_s[s] = narrow(builder.fadd(wide(vt), x))
                     vn32 = vt
-                builder.store(x, px, align=8)
-                builder.store(wide(vn32), pv, align=8)
-                blk.store_steps(4, out_s, v8f)
-                blk.store_steps(5, out_a, v8f)
+                finish(x, wide(vn32), out_s, out_a)
 
             # A log-ratio outside [_EXPM_LO, _EXPM_HI] (±inf included; NaN is not:
             # it passes through either form) sends the whole block to the float64 form.
