@@ -316,6 +316,20 @@ def test_constant_rewards_both_state_builds_at_the_limit(state_build):
     _check(ret, Rt)
 
 
+@pytest.mark.slow
+def test_vtrace_constant_rewards_both_trace_widths_at_the_limit(state_build):
+    # The V-trace lanes kernels (eight rows and more) carry the trace in float32
+    # under the same limit.  Log-ratios above 0 clip to c̄ = 1, so the decay is
+    # γλ = 0.99 at every step.  Nine rows: a group of eight and a lone row.
+    r = np.tile(_constant_rewards(), (3, 1))
+    z = np.zeros_like(r)
+    lr = np.full_like(r, 0.25)
+    got = gaescan.vtrace(r, z, lr, gamma=0.99, backend="numba")
+    want = gt.vtrace(r, z, lr, gamma=0.99)
+    _check(got.vs, want.vs)
+    _check(got.advantages, want.advantages)
+
+
 @pytest.mark.parametrize("g", [0.995, 0.9999, 0.99999], ids=repr)
 @pytest.mark.parametrize("bk", BACKENDS)
 @pytest.mark.slow

@@ -594,6 +594,46 @@ def test_lanes_kernel_wide_log_ratios_take_the_float64_exponential(monkeypatch):
     assert _vt_same_bits(got, fused)
 
 
+# The lanes kernels carry the trace in float32 where GAE's kernels would carry
+# theirs (γλc̄ at most F32_STATE_MAX_DECAY) and ρ̄ <= 1; elsewhere in float64, which
+# the limit forced below every decay gives everywhere.
+@pytest.mark.parametrize("extra, state32", [
+    ({}, True),  # γ = 0.99, λ = c̄ = ρ̄ = 1: the decay at the limit
+    (dict(lam=0.95, c_bar=1.04), True),  # γλc̄ = 0.978
+    (dict(gamma="rows"), True),  # per-row γ in [0.9, 0.99]
+    (dict(gamma=0.995), False),  # γλc̄ above the limit
+    (dict(c_bar=np.inf), False),  # no bound on the decay
+    (dict(rho_bar=1.5), False),  # δ may exceed the bracket
+], ids=["limit", "below", "per_row", "above", "c_bar_inf", "rho_bar"])
+def test_lanes_kernel_trace_width(monkeypatch, extra, state32):
+    from gaescan.backends import numba_cpu, vtrace_numba
+
+    monkeypatch.setattr(vtrace_numba, "SERIAL_MAX_STEPS", 0)
+    chosen = []
+    real = vtrace_numba._state32
+    monkeypatch.setattr(vtrace_numba, "_state32", lambda *a: chosen.append(real(*a)) or chosen[-1])
+    R, T = 17, 16 * 40 + 5
+    rng = np.random.default_rng(31)
+    kw = dict(rewards=random_data(rng, (R, T), np.float32), values=random_data(rng, (R, T), np.float32),
+              log_rhos=log_ratios(rng, (R, T)), dones=rng.random((R, T)) < 0.02)
+    kw.update({"gamma": 0.99, **extra})
+    if isinstance(kw["gamma"], str):
+        kw["gamma"] = rng.uniform(0.9, 0.99, (R, 1)).astype(np.float32)
+    got = gaescan.vtrace(**kw, backend="numba")
+    assert chosen == [state32]
+    monkeypatch.setattr(numba_cpu, "F32_STATE_MAX_DECAY", -1.0)
+    wide = gaescan.vtrace(**kw, backend="numba")
+    assert chosen == [state32, False]
+    if state32:
+        assert not _vt_same_bits(got, wide)
+        _vt_near_fused(got, wide, R, T)
+    else:
+        assert _vt_same_bits(got, wide)
+    ref = gt.vtrace(**kw)
+    assert_close(got.vs, ref.vs, np.float32)
+    assert_close(got.advantages, ref.advantages, np.float32)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("gamma", [0.99, float(np.float32(0.9999999))])
 def test_lanes_kernel_long_rows(monkeypatch, gamma):

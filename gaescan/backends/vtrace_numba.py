@@ -18,7 +18,8 @@ the batch at each step (``vtrace_timemajor``), or, on the same terms as
 lanes (``vtrace_timemajor_lanes``).  Batch-major float32 calls with
 ``next_values`` and both flag arrays (terminations and truncations, each
 consecutive along time) above ``SERIAL_MAX_STEPS`` take the lanes kernel
-that reads them (``vtrace_lanes_next``).  Every
+that reads them (``vtrace_lanes_next``).  The lanes kernels carry the trace
+in float32 where GAE's kernels would carry theirs (:func:`_state32`).  Every
 other call (masks, packing, per-step γ or λ, other strides) takes the
 general kernel (``vtrace_rows``), which reads any strides.  Below
 ``SERIAL_MAX_STEPS`` steps a call runs on the calling thread: waking the
@@ -41,6 +42,7 @@ from .numba_cpu import (
     _data,
     _flag,
     _flag8,
+    _narrow,
     _offsets,
     _sweep_time_major,
 )
@@ -82,6 +84,15 @@ def _lanes_next_ok(rows: Any, p: VTraceProblem, d: np.ndarray, tr: np.ndarray) -
             and rows.R * rows.T > SERIAL_MAX_STEPS and d.strides[1] == 1 and tr.strides[1] == 1)
 
 
+def _state32(rows: Any, p: VTraceProblem, gcol: np.ndarray, lcol: np.ndarray) -> bool:
+    """Whether the lanes kernels carry the trace in float32: where GAE's
+    kernels carry theirs (:func:`gaescan.backends.numba_cpu._narrow`), the
+    decay ``γλ·min(c̄, e)`` being at most ``|γλ|·c̄``, and with ``ρ̄ <= 1``,
+    so that each step's ``δ = min(ρ̄, e)·w`` is no larger than the bracket
+    ``w`` (GAE's δ).  Elsewhere the trace is float64."""
+    return p.rho_bar <= 1.0 and _narrow(rows, p.gamma, p.lam, p.c_bar, cols=(gcol, lcol, None))
+
+
 def vtrace(p: VTraceProblem) -> None:
     rows = p.rows
     n = rows.R * rows.T
@@ -107,7 +118,8 @@ def vtrace(p: VTraceProblem) -> None:
             if tm and _lanes_ok(rows, p, d, time_major=True):
                 # Eight batch columns at a time in SIMD lanes.
                 k.vtrace_timemajor_lanes(r.T, values.T, lr.T, d.T, has_term, gcol, lcol, bound, carry, p.rho_bar,
-                                         p.c_bar, p.pg_rho_bar, p.vs.T, p.advantages.T)
+                                         p.c_bar, p.pg_rho_bar, _state32(rows, p, gcol, lcol), p.vs.T,
+                                         p.advantages.T)
             elif tm:
                 _kernel(k.vtrace_timemajor, n, rows.dtype)(
                     r.T, values.T, lr.T, nv.T, p.next_values is not None, d.T, has_term, tr.T, gcol, lcol, bound,
@@ -115,7 +127,7 @@ def vtrace(p: VTraceProblem) -> None:
             elif _lanes_next_ok(rows, p, d, tr):
                 # next_values with both flag arrays: eight rows at a time in SIMD lanes.
                 k.vtrace_lanes_next(r, values, lr, nv, d, tr, gcol, lcol, carry, p.rho_bar, p.c_bar,
-                                    p.pg_rho_bar, p.vs, p.advantages)
+                                    p.pg_rho_bar, _state32(rows, p, gcol, lcol), p.vs, p.advantages)
                 r8 = rows.R - rows.R % 8
                 if r8 < rows.R:
                     s = slice(r8, None)
@@ -124,7 +136,7 @@ def vtrace(p: VTraceProblem) -> None:
             elif _lanes_ok(rows, p, d):
                 # Eight rows at a time in SIMD lanes, the last R % 8 rows in pairs.
                 k.vtrace_lanes(r, values, lr, d, has_term, gcol, lcol, bound, carry, p.rho_bar, p.c_bar,
-                               p.pg_rho_bar, p.vs, p.advantages)
+                               p.pg_rho_bar, _state32(rows, p, gcol, lcol), p.vs, p.advantages)
                 r8 = rows.R - rows.R % 8
                 if r8 < rows.R:
                     s = slice(r8, None)

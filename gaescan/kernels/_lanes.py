@@ -500,7 +500,8 @@ def _exp8_f32(builder: Any, x: Any, fma32: Any) -> Any:
     return builder.select(builder.fcmp_unordered("uno", x, x), x, y)
 
 
-def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False, has_next: bool = False) -> Any:
+def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False, has_next: bool = False,
+                       state32: bool = False) -> Any:
     """The intrinsic ``block(r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb)``.
 
     V-trace on steps ``t0 + steps - 1`` down to ``t0`` (``steps`` a multiple
@@ -532,6 +533,12 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False
     in float32.  A block with a log-ratio outside ``[_EXPM_LO, _EXPM_HI]``
     runs every term on ``<8 x double>`` with :func:`_exp8`, the scalar
     kernels' float64 exponential, and gives their bits.
+
+    With ``state32`` the other blocks carry ``D`` in float32 too: ``δ``, the
+    decay, ``D`` and ``vs`` on ``<8 x float>``, half the operations and
+    registers of the float64 carry.  The caller chooses it where the decay
+    and the weight ``min(ρ̄, e)`` are bounded as for GAE's float32 state;
+    ``sx`` stays float64 (a float32 value, exactly) between blocks.
     """
     @intrinsic
     def block(typingctx, r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, trunc):
@@ -577,17 +584,18 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False
                 # min(bar, e) keeping a NaN e.
                 return builder.select(builder.fcmp_ordered("<", bar, e), bar, e)
 
-            def cut(s, rt, vt, w, c, zc, x):
+            def cut(s, rt, vt, w, c, zc, x, zx):
                 """Step ``s``'s bracket ``w``, decay ``c`` and carried trace ``x`` after its
                 flags: a termination takes no bootstrap (``w = r − v``), a done (a
                 termination, or with next values a truncation) no carry (``c`` is
-                ``zc``, the trace 0).  Selects: a NaN past the episode's end stays out."""
+                ``zc``, the trace ``zx``, zeros of their types).  Selects: a NaN past
+                the episode's end stays out."""
                 if not (has_term or has_next):
                     return w, c, x
                 tm = builder.icmp_unsigned("!=", D[s], zi)
                 dn = builder.or_(tm, builder.icmp_unsigned("!=", TR[s], zi)) if has_next else tm
                 return (builder.select(tm, builder.fsub(rt, vt), w), builder.select(dn, zc, c),
-                        builder.select(dn, zero, x))
+                        builder.select(dn, zx, x))
 
             def finish(x, vn, out_s, out_a):
                 builder.store(x, px, align=8)
@@ -600,7 +608,7 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False
                 for s in range(steps - 1, -1, -1):
                     rt, vt, e = wide(R[s]), wide(V[s]), _exp8(builder, wide(LR[s]), fma)
                     w = builder.fsub(builder.call(fma, [g, wide(NV[s]) if has_next else vn, rt]), vt)
-                    w, cw, xm = cut(s, rt, vt, w, builder.fmul(gl, clip(cb, e)), zero, x)
+                    w, cw, xm = cut(s, rt, vt, w, builder.fmul(gl, clip(cb, e)), zero, x, zero)
                     a = builder.fmul(clip(pb, e), builder.call(fma, [g, xm, w]))
                     x = builder.call(fma, [cw, xm, builder.fmul(clip(rb, e), w)])
                     out_s[s] = builder.fptrunc(builder.fadd(vt, x), v8f)
@@ -618,18 +626,26 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False
                 g32, zero32 = narrow(g), ir.Constant(v8f, [0.0] * 8)
                 rb32, cb32, pb32 = (narrow(b) for b in bars)
                 vn32 = narrow(vn)
+                if state32:
+                    x, gl32 = narrow(x), narrow(gl)
                 out_s, out_a = [None] * steps, [None] * steps
                 for s in range(steps - 1, -1, -1):
                     rt, vt = R[s], V[s]
                     e = _exp8_f32(builder, LR[s], fma32)
                     w = builder.fsub(builder.call(fma32, [g32, NV[s] if has_next else vn32, rt]), vt)
-                    w, ce, xm = cut(s, rt, vt, w, clip(cb32, e), zero32, x)
-                    delta = builder.fmul(wide(clip(rb32, e)), wide(w))
-                    x = builder.call(fma, [builder.fmul(gl, wide(ce)), xm, delta])
-                    out_a[s] = builder.fmul(clip(pb32, e), builder.call(fma32, [g32, narrow(xm), w]))
-                    out_s[s] = narrow(builder.fadd(wide(vt), x))
+                    if state32:
+                        w, ce, xm = cut(s, rt, vt, w, clip(cb32, e), zero32, x, zero32)
+                        x = builder.call(fma32, [builder.fmul(gl32, ce), xm, builder.fmul(clip(rb32, e), w)])
+                        out_a[s] = builder.fmul(clip(pb32, e), builder.call(fma32, [g32, xm, w]))
+                        out_s[s] = builder.fadd(vt, x)
+                    else:
+                        w, ce, xm = cut(s, rt, vt, w, clip(cb32, e), zero32, x, zero)
+                        delta = builder.fmul(wide(clip(rb32, e)), wide(w))
+                        x = builder.call(fma, [builder.fmul(gl, wide(ce)), xm, delta])
+                        out_a[s] = builder.fmul(clip(pb32, e), builder.call(fma32, [g32, narrow(xm), w]))
+                        out_s[s] = narrow(builder.fadd(wide(vt), x))
                     vn32 = vt
-                finish(x, wide(vn32), out_s, out_a)
+                finish(wide(x) if state32 else x, wide(vn32), out_s, out_a)
 
             # A log-ratio outside [_EXPM_LO, _EXPM_HI] (±inf included; NaN is not:
             # it passes through either form) sends the whole block to the float64 form.

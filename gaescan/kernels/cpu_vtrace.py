@@ -402,6 +402,13 @@ _vlanes_plain = vtrace_lanes_block(False, _LANE_STEPS)
 _vlanes_tm_term = vtrace_lanes_block(True, _LANE_STEPS, time_major=True)
 _vlanes_tm_plain = vtrace_lanes_block(False, _LANE_STEPS, time_major=True)
 _vlanes_next = vtrace_lanes_block(True, _LANE_STEPS, has_next=True)
+# The same blocks with the trace carried in float32 (``state32``: the
+# backend's choice where the decay allows it, see vtrace_lanes).
+_vlanes32_term = vtrace_lanes_block(True, _LANE_STEPS, state32=True)
+_vlanes32_plain = vtrace_lanes_block(False, _LANE_STEPS, state32=True)
+_vlanes32_tm_term = vtrace_lanes_block(True, _LANE_STEPS, time_major=True, state32=True)
+_vlanes32_tm_plain = vtrace_lanes_block(False, _LANE_STEPS, time_major=True, state32=True)
+_vlanes32_next = vtrace_lanes_block(True, _LANE_STEPS, has_next=True, state32=True)
 _F4T = types.float32
 
 
@@ -451,9 +458,9 @@ def _lane_group_tails(r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound
 
 @_kernel([types.void(_ro(_F4T, 2), _ro(_F4T, 2), _ro(_F4T, 2), _ro(types.uint8, 2), types.boolean,
                      _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), types.float64, types.float64,
-                     types.float64, types.Array(_F4T, 2, "A"), types.Array(_F4T, 2, "A")), None],
+                     types.float64, types.boolean, types.Array(_F4T, 2, "A"), types.Array(_F4T, 2, "A")), None],
          parallel=True, fastmath=_FM)
-def vtrace_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, cb, pb, vs, adv):
+def vtrace_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, cb, pb, state32, vs, adv):
     """V-trace on float32 rows contiguous along time, plain or with
     terminations (``d``, read when ``has_term``), eight rows at a time in SIMD
     lanes: rows ``0 .. 8·(R // 8) − 1`` (the caller runs the others through
@@ -466,6 +473,12 @@ def vtrace_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, cb, pb, vs
     says (:func:`_exp`'s float64 terms and bits in a block with a log-ratio
     outside ``[-87, 88]``).  ``bound`` and
     ``carry`` are ``last_value`` and ``last_trace`` per row.
+
+    With ``state32`` the blocks carry the trace ``D`` in float32 (every term
+    on ``<8 x float>``; :func:`gaescan.kernels._lanes.vtrace_lanes_block`):
+    the caller's choice where the decay ``γλ·min(c̄, e)`` and the weight
+    ``min(ρ̄, e)`` are bounded as for GAE's float32 state
+    (:func:`gaescan.backends.vtrace_numba._state32`).
     """
     R, T = r.shape
     tail = T % _LANE_STEPS
@@ -476,17 +489,22 @@ def vtrace_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, cb, pb, vs
                                             rb, cb, pb, vs, adv, i0, tail)
         for b in range(tb // _LANE_STEPS):
             t0 = tb - _LANE_STEPS * (b + 1)
-            if has_term:
+            if has_term and state32:
+                _vlanes32_term(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d)
+            elif has_term:
                 _vlanes_term(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d)
+            elif state32:
+                _vlanes32_plain(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d)
             else:
                 _vlanes_plain(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d)
 
 
 @_kernel([types.void(_ro(_F4T, 2), _ro(_F4T, 2), _ro(_F4T, 2), _ro(_F4T, 2), _ro(types.uint8, 2),
                      _ro(types.uint8, 2), _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), types.float64,
-                     types.float64, types.float64, types.Array(_F4T, 2, "A"), types.Array(_F4T, 2, "A")), None],
+                     types.float64, types.float64, types.boolean, types.Array(_F4T, 2, "A"),
+                     types.Array(_F4T, 2, "A")), None],
          parallel=True, fastmath=_FM)
-def vtrace_lanes_next(r, v, lr, nv, d, tr, gcol, lcol, carry, rb, cb, pb, vs, adv):
+def vtrace_lanes_next(r, v, lr, nv, d, tr, gcol, lcol, carry, rb, cb, pb, state32, vs, adv):
     """:func:`vtrace_lanes` with ``next_values`` (``nv``): terminations ``d``
     and truncations ``tr`` (uint8, both read, consecutive along time), rows
     ``0 .. 8·(R // 8) − 1`` (the caller runs the others through
@@ -501,7 +519,10 @@ def vtrace_lanes_next(r, v, lr, nv, d, tr, gcol, lcol, carry, rb, cb, pb, vs, ad
                                             rb, cb, pb, vs, adv, i0, tail)
         for b in range(tb // _LANE_STEPS):
             t0 = tb - _LANE_STEPS * (b + 1)
-            _vlanes_next(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, tr)
+            if state32:
+                _vlanes32_next(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, tr)
+            else:
+                _vlanes_next(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, tr)
 
 
 # --------------------------------------------------------------------------- time-major fast path
@@ -596,9 +617,9 @@ def _tm_column_steps(r, v, lr, d, has_term, c, t_end, t_stop, g, gl, x, vn, rb, 
 
 @_kernel([types.void(_ro(_F4T, 2), _ro(_F4T, 2), _ro(_F4T, 2), _ro(types.uint8, 2), types.boolean,
                      _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), types.float64, types.float64,
-                     types.float64, types.Array(_F4T, 2, "A"), types.Array(_F4T, 2, "A")), None],
+                     types.float64, types.boolean, types.Array(_F4T, 2, "A"), types.Array(_F4T, 2, "A")), None],
          parallel=True, fastmath=_FM)
-def vtrace_timemajor_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, cb, pb, vs, adv):
+def vtrace_timemajor_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, cb, pb, state32, vs, adv):
     """V-trace on float32 ``(T, R)`` arrays contiguous along the batch (the
     transposes of time-major row views), plain or with terminations (``d``,
     read when ``has_term``, its columns consecutive), eight columns at a time
@@ -640,12 +661,15 @@ def vtrace_timemajor_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, 
             t0 = tb - _LANE_STEPS * (b + 1)
             for h in range(n):
                 o = 8 * h
-                if has_term:
-                    _vlanes_tm_term(r, v, lr, d, vs, adv, c0 + o, t0, sx[o:o + 8], sv[o:o + 8], g8[o:o + 8],
-                                    gl8[o:o + 8], rb, cb, pb, v, d)
+                sxo, svo, g8o, gl8o = sx[o:o + 8], sv[o:o + 8], g8[o:o + 8], gl8[o:o + 8]
+                if has_term and state32:
+                    _vlanes32_tm_term(r, v, lr, d, vs, adv, c0 + o, t0, sxo, svo, g8o, gl8o, rb, cb, pb, v, d)
+                elif has_term:
+                    _vlanes_tm_term(r, v, lr, d, vs, adv, c0 + o, t0, sxo, svo, g8o, gl8o, rb, cb, pb, v, d)
+                elif state32:
+                    _vlanes32_tm_plain(r, v, lr, d, vs, adv, c0 + o, t0, sxo, svo, g8o, gl8o, rb, cb, pb, v, d)
                 else:
-                    _vlanes_tm_plain(r, v, lr, d, vs, adv, c0 + o, t0, sx[o:o + 8], sv[o:o + 8], g8[o:o + 8],
-                                     gl8[o:o + 8], rb, cb, pb, v, d)
+                    _vlanes_tm_plain(r, v, lr, d, vs, adv, c0 + o, t0, sxo, svo, g8o, gl8o, rb, cb, pb, v, d)
     for c in prange(8 * groups, R):
         g = _f8(gcol[c])
         _tm_column_steps(r, v, lr, d, has_term, c, T, 0, g, g * _f8(lcol[c]), _f8(carry[c]), _f8(bound[c]),
