@@ -58,14 +58,21 @@ def _triad_bw(n, rep, dtype=np.float32):
 def machine() -> str:
     """CPU model, logical CPUs and versions, for the header of every result."""
     model = platform.processor() or "unknown CPU"
+    info = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
+                if not line.strip():
                     break
+                key, _, value = line.partition(":")
+                info[key.strip()] = value.strip()
     except OSError:
         pass
+    model = info.get("model name", model)
+    # A virtual machine may name only the vendor ("AMD EPYC"): the family and
+    # model numbers tell the core generation apart.
+    if "cpu family" in info and "model" in info:
+        model += f" (family {info['cpu family']}, model {info['model']})"
     return (f"{model}, {os.cpu_count()} logical CPUs, {numba.get_num_threads()} Numba threads "
             f"({numba.threading_layer() if _triad.signatures else 'layer not started'}); "
             f"numpy {np.__version__}, numba {numba.__version__}, Python {platform.python_version()}")

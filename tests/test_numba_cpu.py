@@ -509,7 +509,7 @@ def test_fused_layout_builds_give_the_same_bits(build_spy, case, T, dtype):
             names = {name for name, _ in build_spy}
             assert names == {f"gae_rows_fused{suffix}{'_c' if c_build else ''}"}, names
             if layout in outs:
-                assert all(np.array_equal(x.view(np.uint8), y.view(np.uint8)) for x, y in zip(got, outs[layout]))
+                assert all(np.array_equal(x.view(np.uint8), y.view(np.uint8)) for x, y in zip(got, outs[layout], strict=True))
             outs[layout] = got
     for x, y in zip(outs["C"], outs["strided"], strict=True):
         assert np.array_equal(x, y, equal_nan=True) and np.array_equal(np.signbit(x), np.signbit(y))
