@@ -36,7 +36,10 @@ def parse(path: str) -> tuple[str, str, list[tuple[str, float, float | None]]] |
                 model = fam.group(1)
             if line.startswith("#") and "machine:" in line:
                 date = line[1:].split(";", 1)[0].strip()[:10]
-                machine = line.split("machine:", 1)[1].split(",", 1)[0].strip()
+                # cpu_bench.py's own line names the family and model too: the vendor
+                # name is what precedes them.
+                head = re.sub(r"\s*\(family \d+, model \d+[^)]*\)", "", line.split("machine:", 1)[1])
+                machine = head.split(",", 1)[0].strip()
                 cores = re.search(r"(\d+) logical CPUs", line)
                 if cores:
                     machine += f", {cores.group(1)} CPUs"

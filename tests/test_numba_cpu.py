@@ -287,7 +287,9 @@ def test_fused_returns_rows_keep_their_own_coefficients(build_spy, monkeypatch, 
                 build_spy.clear()
                 got[serial_max] = gaescan.discounted_returns(r, gamma=gamma, dones=dones, last_value=last,
                                                              backend="numba")
-                assert [k for k, _ in build_spy] == ["returns_rows_fused_1t" if serial_max else "returns_rows_fused"]
+                want = ["returns_rows_fused_1t"] if serial_max else (
+                    ["returns_lanes"] if R >= 8 and dtype == np.float32 else ["returns_rows_fused"])
+                assert [k for k, _ in build_spy] == want
             assert got[0].tobytes() == got[1 << 30].tobytes()
             ref = gt.discounted_returns(r, gamma=gamma, dones=dones, last_value=last)
             assert gt.assert_close(got[0], ref) <= gt.tolerance(dtype)
@@ -1327,3 +1329,129 @@ def test_time_major_lanes_kernels_take_any_width_and_phase(R, phase):
     cpu.returns_tm(r, np.broadcast_to(g, (23, R)), d8, np.ones((23, R), np.uint8), z, np.float32(0), want[1])
     cpu.returns_timemajor_lanes(r, d8, True, g, z, phase, False, got[1])
     assert _same_bits(got, want)
+
+
+# ------------------------------------------------ batch-major scans and returns in lanes
+# linear_scan and discounted_returns on float32 rows contiguous along time, above
+# SERIAL_MAX_STEPS, run rows 8 at a time (scan_lanes, returns_lanes) and the last
+# R % 8 in pairs, with the pair kernels' bits: each case runs once through them
+# (SERIAL_MAX_STEPS = 0) and once on the calling thread's pair kernels.
+
+
+def _scan_and_returns_calls(R, T, seed, decay):
+    rng, r, v, d = _data(R, T, seed=seed, p=0.05)
+    r[R // 2, T // 2] = np.nan  # stays in its episode (returns) or until the next a == 0 (scans)
+    a = rng.uniform(0.5, 1.0, (R, T)).astype(np.float32)
+    a[rng.random((R, T)) < 0.05] = 0
+    init = rng.standard_normal(R).astype(np.float32)
+    gamma = 0.99 if decay == "f32-state" else 0.9999
+    g_rows = rng.uniform(0.9, 0.99, (R, 1)).astype(np.float32) if decay == "f32-state" else gamma
+    return {
+        "returns dones": (lambda **o: gaescan.discounted_returns(r, gamma=gamma, dones=d, last_value=init,
+                                                                 backend="numba", **o),
+                          lambda: gt.discounted_returns(r, gamma=gamma, dones=d, last_value=init), "returns"),
+        "returns plain, gamma per row": (
+            lambda **o: gaescan.discounted_returns(r, gamma=g_rows, last_value=init, backend="numba", **o),
+            lambda: gt.discounted_returns(r, gamma=g_rows, last_value=init), "returns"),
+        "scan reverse": (lambda **o: gaescan.linear_scan(a, r, reverse=True, initial=init, backend="numba", **o),
+                         lambda: gt.linear_scan(a, r, reverse=True, initial=init), "scan"),
+        "scan forward": (lambda **o: gaescan.linear_scan(a, r, initial=init, backend="numba", **o),
+                         lambda: gt.linear_scan(a, r, initial=init), "scan"),
+    }
+
+
+def _finite_close(got, ref):
+    ok = np.isfinite(ref)
+    assert np.array_equal(ok, np.isfinite(got))
+    return gt.assert_close(got[ok], ref[ok])
+
+
+@pytest.mark.parametrize("T", LANE_LENGTHS)
+@pytest.mark.parametrize("R", LANE_ROWS)
+@pytest.mark.parametrize("decay", ["f32-state", "f64-state"])
+def test_scan_and_returns_lanes_give_the_pair_kernels_bits(build_spy, monkeypatch, R, T, decay):
+    for name, (call, ref, kind) in _scan_and_returns_calls(R, T, R * 1000 + T, decay).items():
+        monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 1 << 62)
+        pairs = call()
+        monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
+        build_spy.clear()
+        got = call()
+        pair = "scan_rows" if kind == "scan" else "returns_rows_fused"
+        want = [f"{kind}_lanes"] + ([pair] if R % 8 else [])
+        assert [k for k, _ in build_spy] == want, name
+        state = {s for _, s in build_spy}
+        if kind == "returns":
+            assert state == ({"f64"} if decay == "f64-state" else {"f32"}), name
+        else:  # a per-step coefficient: a float64 state (float32 only where T == 1 and max |a| <= 0.99)
+            assert len(state) == 1, name
+        assert _same_bits([got], [pairs]), name
+        assert _finite_close(got, ref()) <= 2e-5, name
+
+
+@pytest.mark.parametrize("T,offset", [(131, 0), (131, 5), (20, 7), (16, 3), (61, 15)])
+def test_scan_and_returns_lanes_stream_with_the_same_bits(build_spy, monkeypatch, T, offset):
+    R = 17
+    monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
+    for name, (call, _, kind) in _scan_and_returns_calls(R, T, T + offset, "f32-state").items():
+        monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 1 << 62)
+        want = call()
+        monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 0)
+        out = _aligned_out(R, T, T + (-T) % 16 + 16, offset)[0]
+        assert numba_cpu._stream(out, out) == ((16 - offset) % 16, True)
+        build_spy.clear()
+        many, one = one_thread_and_all(lambda call=call, out=out: call(out=out).copy())
+        assert [k for k, _ in build_spy][::2] == [f"{kind}_lanes"] * 2, name
+        assert _same_bits([many], [want]) and _same_bits([one], [want]), name
+
+
+@pytest.mark.parametrize("view", ["reversed-rows", "wider-rows", "steps-strided", "scalar-a", "bool-view-dones"])
+def test_scan_and_returns_lanes_views(build_spy, monkeypatch, view):
+    # Rows addressed by their stride; arrays not contiguous along time (and a
+    # scalar coefficient, a zero-stride view) take the pair kernels.
+    monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
+    rng, r, _, d = _data(19, 203, seed=11, p=0.03)
+    a = rng.uniform(0.5, 1.0, r.shape).astype(np.float32)
+    lanes = True
+    if view == "reversed-rows":
+        r, a, d = r[::-1], a[::-1], d[::-1]
+    elif view == "wider-rows":
+        wr = np.zeros((19, 260), np.float32)
+        wr[:, 3:206] = r
+        r = wr[:, 3:206]
+    elif view == "steps-strided":
+        wr = np.zeros((19, 406), np.float32)
+        wr[:, ::2] = r
+        r, lanes = wr[:, ::2], False
+    elif view == "bool-view-dones":
+        wd = np.zeros((19, 406), bool)
+        wd[:, ::2] = d
+        d = wd[:, ::2]
+    build_spy.clear()
+    ret = gaescan.discounted_returns(r, gamma=0.99, dones=d, backend="numba")
+    want = ["returns_lanes", "returns_rows_fused"] if lanes and view != "bool-view-dones" else ["returns_rows_fused"]
+    assert [k for k, _ in build_spy] == want
+    assert gt.assert_close(ret, gt.discounted_returns(r, gamma=0.99, dones=d)) <= 2e-5
+    build_spy.clear()
+    coeff = 0.97 if view == "scalar-a" else a
+    y = gaescan.linear_scan(coeff, r, reverse=True, backend="numba")
+    assert [k for k, _ in build_spy] == (["scan_lanes", "scan_rows"] if lanes and view != "scalar-a"
+                                         else ["scan_rows"])
+    assert gt.assert_close(y, gt.linear_scan(coeff, r, reverse=True)) <= 2e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gamma", [float(np.nextafter(np.float32(1), np.float32(0))), 0.99], ids=repr)
+def test_scan_and_returns_lanes_long_rows(monkeypatch, gamma):
+    # 2^17 steps, γ up to the largest float32 below 1: within tolerance of the
+    # float64 reference and the bits of the pair kernels.
+    rng, r, _, d = _data(9, 1 << 17, seed=3, p=1e-5)
+    a = np.full(r.shape, gamma, np.float32)
+    for call, ref in ((lambda: gaescan.discounted_returns(r, gamma=gamma, dones=d, backend="numba"),
+                       lambda: gt.discounted_returns(r, gamma=gamma, dones=d)),
+                      (lambda: gaescan.linear_scan(a, r, reverse=True, backend="numba"),
+                       lambda: gt.linear_scan(a, r, reverse=True))):
+        monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
+        got = call()
+        monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 1 << 62)
+        assert _same_bits([got], [call()])
+        assert gt.assert_close(got, ref()) <= 2e-5

@@ -12,7 +12,10 @@ batch, everything else to the fused batch-major kernel (any strides; rows in
 pairs; below ``SERIAL_MAX_STEPS`` steps on the calling thread).  The rest goes
 to the general kernels: per sequence for batch-major and packed rows, sweeping
 blocks of batch columns for time-major views (``gae_tm``, ``returns_tm``,
-``scan_tm``).
+``scan_tm``).  Batch-major :func:`discounted_returns` (scalar or per-row γ,
+no mask or packing) and :func:`linear_scan` run their pair kernels, or, on
+float32 rows contiguous along time above ``SERIAL_MAX_STEPS``, eight rows
+at a time in SIMD lanes (:func:`_scan_lanes_ok`).
 
 State precision: a float32 output carries its recurrence state in float64
 (:mod:`gaescan.kernels.cpu`) unless every decay is known to be far from 1:
@@ -557,7 +560,19 @@ def discounted_returns(p: ReturnsProblem) -> None:
             kernel = cpu.returns_rows_fused_1t if rows.R * rows.T <= SERIAL_MAX_STEPS else cpu.returns_rows_fused
             term = _NO_FLAGS if p.dones is None else _flag8(p.dones)
             narrow = _narrow(rows, p.gamma, cols=(gcol,))
-            _run(kernel, narrow)(r, term, p.dones is not None, gcol, _bound(p.last_value, rows), p.returns)
+            bound, out = _bound(p.last_value, rows), p.returns
+            if _scan_lanes_ok(rows, r, out, *(() if p.dones is None else (term,))):
+                # Eight rows at a time in SIMD lanes, the last R % 8 rows in pairs.
+                phase, stream = _stream(out, out)
+                _run(cpu.returns_lanes, narrow)(r, term, p.dones is not None, gcol, bound, phase if stream else 0,
+                                                stream, out)
+                r8 = rows.R - rows.R % 8
+                if r8 == rows.R:
+                    return
+                s = slice(r8, None)
+                r, gcol, bound, out = r[s], gcol[s], bound[s], out[s]
+                term = term if p.dones is None else term[s]
+            _run(kernel, narrow)(r, term, p.dones is not None, gcol, bound, out)
             return
     args = [r, _coeff(p.gamma, rows), _flag(p.dones, rows, False), _flag(p.mask, rows, True)]
     bound, zero = _bound(p.last_value, rows), rows.dtype.type(0)
@@ -591,7 +606,26 @@ def linear_scan(p: ScanProblem) -> None:
             return
         _run(cpu.scan_tm, narrow)(a.T, b.T, p.reverse, _bound(p.initial, rows), p.out.T)
         return
-    _run(cpu.scan_rows, narrow)(a, b, p.reverse, _bound(p.initial, rows), p.out)
+    initial, out = _bound(p.initial, rows), p.out
+    if _scan_lanes_ok(rows, a, b, out):
+        # Eight rows at a time in SIMD lanes, the last R % 8 rows in pairs.
+        phase, stream = _stream(out, out)
+        _run(cpu.scan_lanes, narrow)(a, b, p.reverse, initial, phase if stream else 0, stream, out)
+        r8 = rows.R - rows.R % 8
+        if r8 == rows.R:
+            return
+        a, b, initial, out = a[r8:], b[r8:], initial[r8:], out[r8:]
+    _run(cpu.scan_rows, narrow)(a, b, p.reverse, initial, out)
+
+
+def _scan_lanes_ok(rows: Rows, *arrays: np.ndarray) -> bool:
+    """Whether batch-major ``linear_scan`` or ``discounted_returns`` runs eight
+    rows at a time in SIMD lanes (:func:`gaescan.kernels.cpu.scan_lanes`,
+    :func:`gaescan.kernels.cpu.returns_lanes`): float32 rows, at least 8 of
+    them, above ``SERIAL_MAX_STEPS`` steps (below, the calling thread runs
+    the pair kernel), every array (each given one) contiguous along time."""
+    return (rows.dtype == _F4 and rows.R >= 8 and rows.R * rows.T > SERIAL_MAX_STEPS
+            and all(_along_time(x) for x in arrays))
 
 
 def _sweep_time_major(rows: Rows, x: np.ndarray) -> bool:

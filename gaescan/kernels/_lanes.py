@@ -348,37 +348,55 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = Fal
     return block
 
 
-def tm_scan_block(kind: str, reverse: bool, has_term: bool = False, prefetch: int = 0) -> Any:
-    """The intrinsic ``block(x, b, flags, out, c, t, state, g8, stream)``: step
-    ``t`` of columns ``c .. c + 7`` of float32 ``(T, R)`` arrays contiguous
-    along the columns (time-major), with the steps of the general kernels
-    (:func:`gaescan.kernels.cpu.scan_tm`, :func:`gaescan.kernels.cpu.returns_tm`)
-    one for one, products and sums rounded separately as there (no FMA):
+def scan_block(kind: str, reverse: bool, has_term: bool = False, prefetch: int = 0, time_major: bool = True,
+               steps: int = 1) -> Any:
+    """The intrinsic ``block(x, b, flags, out, i0, t0, state, g8, stream)``:
+    ``steps`` steps of eight sequences of float32 arrays, with the steps of
+    the CPU kernels one for one.
+
+    Time-major (``time_major``, the default): step ``t0`` of columns
+    ``i0 .. i0 + 7`` of ``(T, R)`` arrays contiguous along the columns, the
+    steps of the general kernels (:func:`gaescan.kernels.cpu.scan_tm`,
+    :func:`gaescan.kernels.cpu.returns_tm`), products and sums rounded
+    separately as there (no FMA); ``steps`` is 1.  Batch-major: steps ``t0 ..
+    t0 + steps − 1`` (``steps`` a multiple of 8, loaded and stored as in
+    :func:`lanes_block`) of rows ``i0 .. i0 + 7`` of ``(R, T)`` arrays
+    contiguous along time, the steps of the pair kernels
+    (:func:`gaescan.kernels.cpu.scan_rows`: no FMA;
+    :func:`gaescan.kernels.cpu.returns_rows_fused`: ``x + γ·G`` as one FMA,
+    as LLVM contracts it there), from the block's last step down with
+    ``reverse``, else from its first up.
 
     * ``kind="scan"``: ``y = b`` where ``x == 0`` (``x`` the coefficient ``a``),
       else ``x·y + b`` (a select: a NaN or infinity carried in ``y`` stops
       there); ``flags`` and ``g8`` are not read.
-    * ``kind="returns"``: ``G = x`` (the reward) where ``flags`` is set (with
-      ``has_term``), else ``x + γ·G``, ``γ`` from ``g8`` (float32, one per
-      column, from column ``c``); ``b`` is not read.
+    * ``kind="returns"`` (``reverse`` only): ``G = x`` (the reward) where
+      ``flags`` is set (with ``has_term``), else ``x + γ·G``, ``γ`` from
+      ``g8`` (float32, one per sequence, from item 0); ``b`` is not read.
 
-    ``state`` (8 items from column ``c``, its dtype the state's width) holds
-    the carry and is updated in place.  ``out`` is written by non-temporal
-    stores where ``stream`` (an aligned vector: see :func:`lanes_block`), else
-    by ordinary ones.  ``prefetch`` asks for the inputs of the step that many
-    steps later in the scan's order (``t − prefetch`` with ``reverse``).
+    ``state`` (8 items, its dtype the state's width) holds the carry and is
+    updated in place.  ``out`` is written by non-temporal stores where
+    ``stream`` (aligned vectors: see :func:`lanes_block`), else by ordinary
+    ones.  ``prefetch`` (time-major) asks for the inputs of the step that
+    many steps later in the scan's order (``t0 − prefetch`` with ``reverse``).
     """
     if kind not in ("scan", "returns"):
         raise ValueError(f"kind must be 'scan' or 'returns', not {kind!r}")
+    if kind == "returns" and not reverse:
+        raise ValueError("discounted returns run in reverse only")
+    if time_major != (steps == 1) or steps % 8 and not time_major:
+        raise ValueError("a time-major block runs one step, a batch-major one a multiple of 8")
+    if prefetch and not time_major:
+        raise ValueError("only the time-major blocks prefetch")
 
     @intrinsic
-    def block(typingctx, x, b, flags, out, c, t, state, g8, stream):
-        sig = types.void(x, b, flags, out, c, t, state, g8, stream)
+    def block(typingctx, x, b, flags, out, i0, t0, state, g8, stream):
+        sig = types.void(x, b, flags, out, i0, t0, state, g8, stream)
 
         def codegen(context, builder, signature, args):
             scan = kind == "scan"
             arrays = (0, 1, 3) if scan else ((0, 2, 3) if has_term else (0, 3))
-            blk = _Block(context, builder, signature, args, arrays, args[4], args[5], time_major=True)
+            blk = _Block(context, builder, signature, args, arrays, args[4], args[5], time_major=time_major)
             f32 = ir.FloatType()
             v8f = ir.VectorType(f32, 8)
             wide = signature.args[6].dtype == types.float64
@@ -393,22 +411,33 @@ def tm_scan_block(kind: str, reverse: bool, has_term: bool = False, prefetch: in
 
             ps = blk.vec(6, v8s)
             y = builder.load(ps, align=ssz)
-            X = blk.steps_of(0, v8f, 4, 1)[0]
+            X = blk.steps_of(0, v8f, 4, steps)
             if scan:
-                B = widen(blk.steps_of(1, v8f, 4, 1)[0])
+                B = blk.steps_of(1, v8f, 4, steps)
                 zf = ir.Constant(v8f, [0.0] * 8)
-                y = builder.select(builder.fcmp_ordered("==", X, zf), B, builder.fadd(builder.fmul(widen(X), y), B))
             else:
                 g = widen(builder.load(blk.vec(7, v8f), align=4))
-                xs = widen(X)
-                nxt = builder.fadd(xs, builder.fmul(g, y))
+                fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8s, [v8s] * 3),
+                                                     "llvm.fma.v8f64" if wide else "llvm.fma.v8f32")
                 if has_term:
                     v8b = ir.VectorType(ir.IntType(8), 8)
-                    D = blk.steps_of(2, v8b, 1, 1, lambda v: builder.zext(v, _I32x8))[0]
-                    nxt = builder.select(builder.icmp_unsigned("!=", D, ir.Constant(_I32x8, [0] * 8)), xs, nxt)
-                y = nxt
+                    D = blk.steps_of(2, v8b, 1, steps, lambda v: builder.zext(v, _I32x8))
+            outs = [None] * steps
+            for s in (range(steps - 1, -1, -1) if reverse else range(steps)):
+                if scan:
+                    bs = widen(B[s])
+                    y = builder.select(builder.fcmp_ordered("==", X[s], zf), bs,
+                                       builder.fadd(builder.fmul(widen(X[s]), y), bs))
+                else:
+                    xs = widen(X[s])
+                    nxt = builder.fadd(xs, builder.fmul(g, y)) if time_major else builder.call(fma, [g, y, xs])
+                    if has_term:
+                        done = builder.icmp_unsigned("!=", D[s], ir.Constant(_I32x8, [0] * 8))
+                        nxt = builder.select(done, xs, nxt)
+                    y = nxt
+                outs[s] = builder.fptrunc(y, v8f) if wide else y
             builder.store(y, ps, align=ssz)
-            blk.store_steps(3, [builder.fptrunc(y, v8f) if wide else y], v8f, args[8])
+            blk.store_steps(3, outs, v8f, args[8])
             return context.get_dummy_value()
 
         return sig, codegen

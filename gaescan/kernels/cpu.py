@@ -53,7 +53,8 @@ temporaries), rows in pairs on batch-major buffers, float32 rows eight at a
 time in SIMD lanes where they are contiguous along time
 (:mod:`gaescan.kernels._lanes` writes those vectors: LLVM does not vectorise
 a chain across rows by itself), vectorised across the batch on time-major
-buffers.
+buffers.  Batch-major float32 ``linear_scan`` and discounted returns run
+eight rows in SIMD lanes likewise (:func:`scan_lanes`, :func:`returns_lanes`).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ from numba import njit, prange, types
 from numba.core.caching import NullCache
 
 from .. import _threading
-from ._lanes import lanes_block, sfence, tm_scan_block
+from ._lanes import lanes_block, scan_block, sfence
 
 _FLOATS = (types.float32, types.float64)
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -252,7 +253,7 @@ _STATE_HELPERS = ("_gae_at", "_ret_at", "_scan_at", "_gstep", "_mstep", "_nstep"
                   "_rows_block", "_packed_block", "_tm_cols", "_tm_ret_at",
                   "_gae_span", "_gae_span2", "_ret_span", "_ret_span2",
                   "_row_next", "_row_mask", "_row_term", "_row_plain",
-                  "_gae_pair", "_gae_unit", "_ret_pair", "_ret_unit")
+                  "_gae_pair", "_gae_unit", "_ret_pair", "_ret_unit", "_ret_tail")
 _F4_NAMESPACE: dict[str, Any] = {}
 
 
@@ -1117,17 +1118,17 @@ def gae_timemajor_lanes(rewards, values, next_values, has_next, term, has_term, 
 
 # Time-major scans and discounted returns likewise: one step of eight columns
 # per block, the general kernels' steps (no FMA), the inputs prefetched.
-_tmscan_rev = tm_scan_block("scan", True, prefetch=_TM_PREFETCH_STEPS)
-_tmscan_fwd = tm_scan_block("scan", False, prefetch=_TM_PREFETCH_STEPS)
-_tmret_term = tm_scan_block("returns", True, has_term=True, prefetch=_TM_PREFETCH_STEPS)
-_tmret_plain = tm_scan_block("returns", True, has_term=False, prefetch=_TM_PREFETCH_STEPS)
+_tmscan_rev = scan_block("scan", True, prefetch=_TM_PREFETCH_STEPS)
+_tmscan_fwd = scan_block("scan", False, prefetch=_TM_PREFETCH_STEPS)
+_tmret_term = scan_block("returns", True, has_term=True, prefetch=_TM_PREFETCH_STEPS)
+_tmret_plain = scan_block("returns", True, has_term=False, prefetch=_TM_PREFETCH_STEPS)
 
 
 @kernel([types.void(_c2(_F4T), _c2(_F4T), _B, _ro(_F4T, 1), types.int64, _B, types.Array(_F4T, 2, "A")), None],
         parallel=True)
 def scan_timemajor_lanes(a, b, reverse, initial, phase, stream, out):
     """:func:`scan_tm` on float32 ``(T, R)`` C-contiguous arrays, eight columns
-    per SIMD vector from column ``phase`` on (:func:`tm_scan_block`), written
+    per SIMD vector from column ``phase`` on (:func:`scan_block`), written
     by non-temporal stores with ``stream`` (the caller guarantees that
     column ``phase`` of every row of ``out`` starts a 32-byte aligned
     vector); the columns before and after run one at a time.  The step of
@@ -1443,3 +1444,105 @@ def returns_rows_fused_1t(rewards, term, has_term, gcol, bound, out):
     (same code, same bits)."""
     for u in range((rewards.shape[0] + 1) // 2):
         _ret_unit(u, rewards, term, has_term, gcol, bound, out)
+
+
+# ------------------------------------------------------ batch-major, in SIMD lanes
+#
+# linear_scan and discounted_returns on float32 rows contiguous along time, eight
+# rows per vector in blocks of _LANE_STEPS steps (see gae_lanes): each row's
+# chain is one lane, so one instruction advances eight chains where the pair
+# kernels advance two.  The steps of scan_rows and _ret_pair one for one.
+_rowscan_rev = scan_block("scan", True, time_major=False, steps=_LANE_STEPS)
+_rowscan_fwd = scan_block("scan", False, time_major=False, steps=_LANE_STEPS)
+_rowret_term = scan_block("returns", True, has_term=True, time_major=False, steps=_LANE_STEPS)
+_rowret_plain = scan_block("returns", True, has_term=False, time_major=False, steps=_LANE_STEPS)
+
+
+@njit(inline="always")
+def _lane_span(T, phase, stream):
+    """``(h0, nb, tb, nt)`` of rows of ``T`` steps: the blocks start at step
+    ``h0`` (``phase``, or 0 where the row is shorter than ``phase + 16``), ``nb``
+    of them, ending at step ``tb``; ``nt`` whether they stream (only blocks
+    that start at ``phase`` are aligned for it)."""
+    h0 = phase if phase + _LANE_STEPS <= T else 0
+    nb = (T - h0) // _LANE_STEPS
+    return h0, nb, h0 + _LANE_STEPS * nb, stream and h0 == phase
+
+
+@kernel([types.void(_ro(_F4T, 2), _ro(_F4T, 2), _B, _ro(_F4T, 1), types.int64, _B, types.Array(_F4T, 2, "A")),
+         None],
+        parallel=True)
+def scan_lanes(a, b, reverse, initial, phase, stream, out):
+    """:func:`scan_rows` on float32 rows contiguous along time, eight rows per
+    SIMD vector: rows ``0 .. 8·(R // 8) − 1`` (the caller runs the others
+    through :func:`scan_rows`).  Each group of 8 rows runs the steps outside
+    its blocks one row at a time (:func:`_scan_at`) and its blocks of 16
+    steps in the scan's order (:func:`gaescan.kernels._lanes.scan_block`):
+    the same operations, so the same bits as :func:`scan_rows`.  ``phase``
+    and ``stream``: as in :func:`gae_lanes`, for ``out``."""
+    R, T = b.shape
+    h0, nb, tb, nt = _lane_span(T, phase, stream)
+    # The steps before the blocks in the scan's order, and those after.
+    head0, head1, tail0, tail1 = (tb, T, 0, h0) if reverse else (0, h0, tb, T)
+    for grp in prange(R // 8):
+        i0 = grp * 8
+        y = np.empty(8, _f8)
+        for q in range(8):
+            yq = _f8(initial[i0 + q])
+            for j in range(head1 - head0):
+                t = head1 - 1 - j if reverse else head0 + j
+                yq = _scan_at(a, b, i0 + q, np.uint64(t), yq, out)
+            y[q] = yq
+        for k in range(nb):
+            if reverse:
+                _rowscan_rev(a, b, b, out, i0, tb - _LANE_STEPS * (k + 1), y, initial, nt)
+            else:
+                _rowscan_fwd(a, b, b, out, i0, h0 + _LANE_STEPS * k, y, initial, nt)
+        for q in range(8):
+            yq = y[q]
+            for j in range(tail1 - tail0):
+                t = tail1 - 1 - j if reverse else tail0 + j
+                yq = _scan_at(a, b, i0 + q, np.uint64(t), yq, out)
+        if nt:
+            sfence()
+
+
+@njit(inline="always", fastmath=_FM)
+def _ret_tail(r, d, has_term, i, hi, lo, g, G, out):
+    """Steps ``hi − 1`` down to ``lo`` of row ``i`` with the step of
+    :func:`_ret_pair` (the same bits); returns the carried ``G``."""
+    g = _f8(g)
+    for t in range(hi - 1, lo - 1, -1):
+        x = _f8(r[i, t])
+        y = x + g * G
+        G = x if has_term and d[i, t] != 0 else y
+        out[i, t] = np.float32(G)
+    return G
+
+
+@kernel([types.void(_ro(_F4T, 2), _U8A, _B, _ro(_F4T, 1), _ro(_F4T, 1), types.int64, _B,
+                    types.Array(_F4T, 2, "A")), None],
+        parallel=True, fastmath=_FM)
+def returns_lanes(rewards, term, has_term, gcol, bound, phase, stream, out):
+    """:func:`returns_rows_fused` on float32 rows contiguous along time
+    (``term``, read with ``has_term``, too), eight rows per SIMD vector:
+    rows ``0 .. 8·(R // 8) − 1``, as :func:`scan_lanes` runs
+    :func:`scan_rows`'s.  The steps of :func:`_ret_pair`, so the same bits."""
+    R, T = rewards.shape
+    h0, nb, tb, nt = _lane_span(T, phase, stream)
+    for grp in prange(R // 8):
+        i0 = grp * 8
+        G = np.empty(8, _f8)
+        g8 = np.empty(8, np.float32)
+        for q in range(8):
+            g8[q] = gcol[i0 + q]
+            G[q] = _ret_tail(rewards, term, has_term, i0 + q, T, tb, g8[q], _f8(bound[i0 + q]), out)
+        for k in range(nb):
+            if has_term:
+                _rowret_term(rewards, rewards, term, out, i0, tb - _LANE_STEPS * (k + 1), G, g8, nt)
+            else:
+                _rowret_plain(rewards, rewards, term, out, i0, tb - _LANE_STEPS * (k + 1), G, g8, nt)
+        for q in range(8):
+            _ret_tail(rewards, term, has_term, i0 + q, h0, 0, g8[q], G[q], out)
+        if nt:
+            sfence()
