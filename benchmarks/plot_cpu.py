@@ -3,7 +3,8 @@
 Run: ``python benchmarks/plot_cpu.py [RESULT ...] [--out docs/img/cpu-x-triad.svg]``.
 Without arguments it reads every ``benchmarks/results/*cpu_bench*.txt`` that
 ``benchmarks/cpu_bench.py`` wrote (those with a ``machine:`` header line),
-the newest file per machine.  The output is a plain SVG (no plotting library
+the newest file per machine (the median of its runs, where it holds
+several).  The output is a plain SVG (no plotting library
 needed): one group of bars per case, one bar per machine, and a line at each
 target the table states.
 """
@@ -15,6 +16,7 @@ import glob
 import html
 import os
 import re
+import statistics
 
 _ROW = re.compile(r"^(?P<name>.+?)\s+(?P<median>[\d.]+)(?P<unit>ms|us)\s+(?P<per>\d+)\s+(?P<gbs>[\d.]+)\s+"
                   r"(?P<ratio>[\d.]+)\s*(?P<note>.*)$")
@@ -87,9 +89,11 @@ def svg(series: list[tuple[str, str, list]], title: str) -> str:
         out.append(f'<text x="{left - 6}" y="{gy + group / 2:.1f}" text-anchor="end" '
                    f'dominant-baseline="middle">{html.escape(name)}</text>')
         for j, (_, _, cases) in enumerate(series):
-            val = dict((n, r) for n, r, _ in cases).get(name)
-            if val is None:
+            # A file of several runs: the median of its runs' ratios.
+            runs = [r for n, r, _ in cases if n == name]
+            if not runs:
                 continue
+            val = statistics.median(runs)
             out.append(f'<rect x="{left}" y="{gy + j * bar}" width="{x(val) - left:.1f}" height="{bar - 2}" '
                        f'fill="{_COLOURS[j % len(_COLOURS)]}"><title>{val:.2f}×</title></rect>')
             out.append(f'<text x="{x(val) + 3:.1f}" y="{gy + j * bar + bar / 2:.1f}" '
