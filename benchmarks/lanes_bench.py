@@ -66,11 +66,34 @@ def _alternating(f, g, repeat):
     return float(np.median(tf)), float(np.median(tg))
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def ab_args(doc: str, argv=None) -> argparse.Namespace:
+    """``--repeat`` (calls per median) and ``--rounds`` of an in-turn comparison
+    script whose docstring is ``doc``."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=2)
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def ab_rounds(args: argparse.Namespace, n: int, cases: dict, base, names: tuple[str, str]) -> None:
+    """The table of an in-turn comparison over ``n`` elements: per round a
+    triad, then for each case ``name: (call, bytes per step)`` the baseline
+    ``base(call)`` and the default ``call`` in turn (:func:`_alternating`),
+    with × triad against that round's triad and their ratio."""
+    b, d = names
+    print(f"{'round':>5s} {'triad GB/s':>10s} {'case':>17s} {'B':>3s} {b + ' ms':>9s} {'x triad':>7s} "
+          f"{d + ' ms':>9s} {'x triad':>7s} {b + '/' + d:>11s}")
+    for k in range(args.rounds):
+        tri = _triad_bw(n, args.repeat)
+        for name, (call, per_step) in cases.items():
+            tb, td = _alternating(base(call), call, args.repeat)
+            gb = n * per_step / 1e9
+            print(f"{k + 1:5d} {tri:10.1f} {name:>17s} {per_step:3d} {tb * 1e3:9.1f} {gb / tb / tri:7.2f} "
+                  f"{td * 1e3:9.1f} {gb / td / tri:7.2f} {tb / td:11.2f}")
+
+
+def main(argv=None) -> None:
+    args = ab_args(__doc__, argv)
     R, T = 256, 131072
     rng = np.random.default_rng(0)
     r = rng.standard_normal((R, T), dtype=np.float32)

@@ -16,7 +16,6 @@ both give the same bits.  Figures are per machine: commit the output under
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -26,15 +25,12 @@ import gaescan
 from gaescan.backends import numba_cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_bench import _triad_bw, machine  # noqa: E402
-from lanes_bench import _alternating  # noqa: E402
+from cpu_bench import machine  # noqa: E402
+from lanes_bench import ab_args, ab_rounds  # noqa: E402
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=2)
-    args = ap.parse_args(argv)
+    args = ab_args(__doc__, argv)
     R, T = 256, 131072
     rng = np.random.default_rng(0)
     r = rng.standard_normal((R, T), dtype=np.float32)
@@ -71,16 +67,7 @@ def main(argv=None) -> None:
         if not np.array_equal(want.view(np.uint32), out.view(np.uint32)):
             raise SystemExit(f"{name}: lanes and pairs give different bits")
     print("# lanes and pairs: the same bits in every case")
-    print(f"{'round':>5s} {'triad GB/s':>10s} {'case':>14s} {'B':>3s} {'pairs ms':>9s} {'x triad':>7s} "
-          f"{'lanes ms':>9s} {'x triad':>7s} {'pairs/lanes':>11s}")
-    n = R * T
-    for k in range(args.rounds):
-        tri = _triad_bw(n, args.repeat)
-        for name, (call, per_step) in cases.items():
-            tp, tl = _alternating(pairs(call), call, args.repeat)
-            nb = n * per_step / 1e9
-            print(f"{k + 1:5d} {tri:10.1f} {name:>14s} {per_step:3d} {tp * 1e3:9.1f} {nb / tp / tri:7.2f} "
-                  f"{tl * 1e3:9.1f} {nb / tl / tri:7.2f} {tp / tl:11.2f}")
+    ab_rounds(args, R * T, cases, pairs, ("pairs", "lanes"))
 
 
 if __name__ == "__main__":

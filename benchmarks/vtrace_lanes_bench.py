@@ -21,7 +21,6 @@ in the file name.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from gaescan.kernels import cpu_vtrace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_bench import _triad_bw, machine  # noqa: E402
-from lanes_bench import _alternating  # noqa: E402
+from lanes_bench import _alternating, ab_args  # noqa: E402
 
 GAMMA, RHO_BAR, C_BAR = 0.99, 1.0, 1.0
 
@@ -60,10 +59,7 @@ def sweep(r, v, lr, d8, has_term, vs, adv):
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=2)
-    args = ap.parse_args(argv)
+    args = ab_args(__doc__, argv)
     R, T = 256, 131072
     rng = np.random.default_rng(0)
     r = rng.standard_normal((R, T), dtype=np.float32)

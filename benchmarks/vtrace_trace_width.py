@@ -18,7 +18,6 @@ under ``benchmarks/results/`` with the CPU model in the file name.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -28,17 +27,14 @@ import gaescan
 from gaescan.backends import numba_cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_bench import _triad_bw, machine  # noqa: E402
-from lanes_bench import _alternating  # noqa: E402
+from cpu_bench import machine  # noqa: E402
+from lanes_bench import ab_args, ab_rounds  # noqa: E402
 
 GAMMA = 0.99
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=2)
-    args = ap.parse_args(argv)
+    args = ab_args(__doc__, argv)
     R, T = 256, 131072
     rng = np.random.default_rng(0)
     r = rng.standard_normal((R, T), dtype=np.float32)
@@ -84,16 +80,7 @@ def main(argv=None) -> None:
         print(f"# {name}: f32 trace vs f64 trace, relative L2 {diff:.1e} (vs and advantages)")
         if diff > 1e-6:
             raise SystemExit(f"{name}: the two trace widths differ by {diff:.2e} relative L2")
-    print(f"{'round':>5s} {'triad GB/s':>10s} {'case':>17s} {'B':>3s} {'f64 ms':>8s} {'x triad':>7s} "
-          f"{'f32 ms':>8s} {'x triad':>7s} {'f64/f32':>7s}")
-    n = R * T
-    for k in range(args.rounds):
-        tri = _triad_bw(n, args.repeat)
-        for name, (call, per_step) in cases.items():
-            t64, t32 = _alternating(wide(call), call, args.repeat)
-            nb = n * per_step / 1e9
-            print(f"{k + 1:5d} {tri:10.1f} {name:>17s} {per_step:3d} {t64 * 1e3:8.1f} {nb / t64 / tri:7.2f} "
-                  f"{t32 * 1e3:8.1f} {nb / t32 / tri:7.2f} {t64 / t32:7.2f}")
+    ab_rounds(args, R * T, cases, wide, ("f64", "f32"))
 
 
 if __name__ == "__main__":
