@@ -58,14 +58,20 @@ def sweep(r, v, lr, d8, has_term, vs, adv):
                                 RHO_BAR, C_BAR, RHO_BAR, vs, adv)
 
 
-def main(argv=None) -> None:
-    args = ab_args(__doc__, argv)
-    R, T = 256, 131072
+def inputs(R: int, T: int) -> tuple:
+    """``(rng, rewards, values, log-ratios, dones)``: the seeded float32 inputs
+    of the V-trace benchmarks (log-ratios N(0, 0.3²), dones at rate 0.01)."""
     rng = np.random.default_rng(0)
     r = rng.standard_normal((R, T), dtype=np.float32)
     v = rng.standard_normal((R, T), dtype=np.float32)
     lr = (0.3 * rng.standard_normal((R, T))).astype(np.float32)
-    d = rng.random((R, T)) < 0.01
+    return rng, r, v, lr, rng.random((R, T)) < 0.01
+
+
+def main(argv=None) -> None:
+    args = ab_args(__doc__, argv)
+    R, T = 256, 131072
+    rng, r, v, lr, d = inputs(R, T)
     d8 = d.view(np.uint8)
     vs, adv = np.empty_like(r), np.empty_like(r)
     vs2, adv2 = np.empty_like(r), np.empty_like(r)

@@ -29,6 +29,7 @@ from gaescan.backends import numba_cpu
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_bench import machine  # noqa: E402
 from lanes_bench import ab_args, ab_rounds  # noqa: E402
+from vtrace_lanes_bench import inputs  # noqa: E402
 
 GAMMA = 0.99
 
@@ -36,11 +37,7 @@ GAMMA = 0.99
 def main(argv=None) -> None:
     args = ab_args(__doc__, argv)
     R, T = 256, 131072
-    rng = np.random.default_rng(0)
-    r = rng.standard_normal((R, T), dtype=np.float32)
-    v = rng.standard_normal((R, T), dtype=np.float32)
-    lr = (0.3 * rng.standard_normal((R, T))).astype(np.float32)
-    d = rng.random((R, T)) < 0.01
+    rng, r, v, lr, d = inputs(R, T)
     term = rng.random((R, T)) < 1e-3
     trunc = rng.random((R, T)) < 1e-3
     nv = rng.standard_normal((R, T), dtype=np.float32)
