@@ -345,11 +345,17 @@ class _Fused:
         return call
 
 
+def _lane_rows(rows: Rows) -> bool:
+    """Whether rows are shaped for the eight-rows-in-lanes kernels: float32,
+    at least 8 of them, above ``SERIAL_MAX_STEPS`` steps (below, the calling
+    thread runs the pair kernels)."""
+    return rows.dtype == _F4 and rows.R >= 8 and rows.R * rows.T > SERIAL_MAX_STEPS
+
+
 def _lanes_kernel(rows: Rows, narrow: bool) -> Any:
-    """The eight-rows-in-lanes kernel's call for these rows, or ``None``: float32
-    rows, at least 8 of them, above ``SERIAL_MAX_STEPS`` steps (below, the
-    calling thread runs the pair kernel)."""
-    if rows.dtype != _F4 or rows.R < 8 or rows.R * rows.T <= SERIAL_MAX_STEPS:
+    """The eight-rows-in-lanes kernel's call for these rows (:func:`_lane_rows`),
+    or ``None``."""
+    if not _lane_rows(rows):
         return None
     return cpu.gae_lanes.caller(_F4, narrow)
 
@@ -621,11 +627,9 @@ def linear_scan(p: ScanProblem) -> None:
 def _scan_lanes_ok(rows: Rows, *arrays: np.ndarray) -> bool:
     """Whether batch-major ``linear_scan`` or ``discounted_returns`` runs eight
     rows at a time in SIMD lanes (:func:`gaescan.kernels.cpu.scan_lanes`,
-    :func:`gaescan.kernels.cpu.returns_lanes`): float32 rows, at least 8 of
-    them, above ``SERIAL_MAX_STEPS`` steps (below, the calling thread runs
-    the pair kernel), every array (each given one) contiguous along time."""
-    return (rows.dtype == _F4 and rows.R >= 8 and rows.R * rows.T > SERIAL_MAX_STEPS
-            and all(_along_time(x) for x in arrays))
+    :func:`gaescan.kernels.cpu.returns_lanes`): rows shaped for them
+    (:func:`_lane_rows`), every array (each given one) contiguous along time."""
+    return _lane_rows(rows) and all(_along_time(x) for x in arrays)
 
 
 def _sweep_time_major(rows: Rows, x: np.ndarray) -> bool:

@@ -253,7 +253,7 @@ _STATE_HELPERS = ("_gae_at", "_ret_at", "_scan_at", "_gstep", "_mstep", "_nstep"
                   "_rows_block", "_packed_block", "_tm_cols", "_tm_ret_at",
                   "_gae_span", "_gae_span2", "_ret_span", "_ret_span2",
                   "_row_next", "_row_mask", "_row_term", "_row_plain",
-                  "_gae_pair", "_gae_unit", "_ret_pair", "_ret_unit", "_ret_tail")
+                  "_gae_pair", "_gae_unit", "_ret_pair", "_ret_unit", "_ret_tail", "_scan_steps")
 _F4_NAMESPACE: dict[str, Any] = {}
 
 
@@ -1488,23 +1488,26 @@ def scan_lanes(a, b, reverse, initial, phase, stream, out):
         i0 = grp * 8
         y = np.empty(8, _f8)
         for q in range(8):
-            yq = _f8(initial[i0 + q])
-            for j in range(head1 - head0):
-                t = head1 - 1 - j if reverse else head0 + j
-                yq = _scan_at(a, b, i0 + q, np.uint64(t), yq, out)
-            y[q] = yq
+            y[q] = _scan_steps(a, b, i0 + q, head0, head1, reverse, _f8(initial[i0 + q]), out)
         for k in range(nb):
             if reverse:
                 _rowscan_rev(a, b, b, out, i0, tb - _LANE_STEPS * (k + 1), y, initial, nt)
             else:
                 _rowscan_fwd(a, b, b, out, i0, h0 + _LANE_STEPS * k, y, initial, nt)
         for q in range(8):
-            yq = y[q]
-            for j in range(tail1 - tail0):
-                t = tail1 - 1 - j if reverse else tail0 + j
-                yq = _scan_at(a, b, i0 + q, np.uint64(t), yq, out)
+            _scan_steps(a, b, i0 + q, tail0, tail1, reverse, y[q], out)
         if nt:
             sfence()
+
+
+@njit(inline="always")
+def _scan_steps(a, b, i, lo, hi, reverse, y, out):
+    """Steps ``lo .. hi − 1`` of row ``i`` in the scan's order (from ``hi − 1``
+    down with ``reverse``), the step of :func:`_scan_at`; returns ``y``."""
+    for j in range(hi - lo):
+        t = hi - 1 - j if reverse else lo + j
+        y = _scan_at(a, b, i, np.uint64(t), y, out)
+    return y
 
 
 @njit(inline="always", fastmath=_FM)
