@@ -470,10 +470,12 @@ def _vt_same_bits(a, b):
     return all(np.array_equal(x.view(np.uint32), y.view(np.uint32)) for x, y in zip(a, b, strict=True))
 
 
-def _vt_near_fused(got, fused, R, T):
+def _vt_near_fused(got, fused, R, T, h0=0):
     """The lanes result against the fused kernel's: the same bits where both run the
-    same operations, within 1e-6 relative L2 (the blocks' exponential) elsewhere."""
-    tail, r8 = T % 16, R - R % 8
+    same operations on the same carry (the last R % 8 rows, and each row's steps
+    after the last 16-step block from step ``h0``), within 1e-6 relative L2 (the
+    blocks' exponential) elsewhere."""
+    tail, r8 = (T - h0) % 16, R - R % 8
     for x, y in zip(got, fused, strict=True):
         assert np.array_equal(x[r8:].view(np.uint32), y[r8:].view(np.uint32))
         assert np.array_equal(x[:, T - tail:].view(np.uint32), y[:, T - tail:].view(np.uint32))
@@ -592,6 +594,81 @@ def test_lanes_kernel_wide_log_ratios_take_the_float64_exponential(monkeypatch):
               log_rhos=lr, gamma=0.99, dones=rng.random((R, T)) < 0.02)
     got, fused = _vt_lanes_and_fused(monkeypatch, **kw)
     assert _vt_same_bits(got, fused)
+
+
+# C-contiguous outputs of numba_cpu.STREAM_MIN_BYTES and up whose rows start their
+# 64-byte lines at one step ``phase``: the lanes kernels start their blocks there and
+# write them by non-temporal stores.  The steps after the last block and before ``phase``
+# run one row at a time with the fused kernel's operations.
+
+
+def _aligned_out(R, T, row_items, offset):
+    """Two float32 ``(R, T)`` views whose rows are ``row_items`` apart, each
+    row's step 0 ``offset`` items past a 64-byte boundary."""
+    outs = []
+    for _ in range(2):
+        buf = np.full(R * row_items + 64, np.nan, np.float32)
+        skip = (-buf.__array_interface__["data"][0] % 64) // 4 + offset
+        outs.append(buf[skip:skip + R * row_items].reshape(R, row_items)[:, :T])
+    return outs
+
+
+@pytest.mark.parametrize("case", ["plain", "dones", "next"])
+@pytest.mark.parametrize("R,T,offset", [(8, 16, 3), (8, 48, 0), (17, 48, 5), (9, 160, 7), (16, 64, 15),
+                                        (24, 2048, 11), (17, 131, 5)])
+def test_lanes_kernel_streams_from_the_outputs_phase(monkeypatch, case, R, T, offset):
+    import numba
+
+    from gaescan.backends import numba_cpu, vtrace_numba
+    from gaescan.kernels import cpu
+
+    monkeypatch.setattr(vtrace_numba, "SERIAL_MAX_STEPS", 0)
+    rng = np.random.default_rng(R * 100 + T + offset)
+    kw = dict(rewards=random_data(rng, (R, T), np.float32), values=random_data(rng, (R, T), np.float32),
+              log_rhos=log_ratios(rng, (R, T)), gamma=0.99, last_trace=random_data(rng, (R,), np.float32))
+    if case == "dones":
+        kw.update(dones=rng.random((R, T)) < 0.05, last_value=random_data(rng, (R,), np.float32))
+    elif case == "next":
+        kw.update(next_values=random_data(rng, (R, T), np.float32), terminated=rng.random((R, T)) < 0.05,
+                  truncated=rng.random((R, T)) < 0.05)
+    name = "vtrace_lanes_next" if case == "next" else "vtrace_lanes"
+    args, ordinary = [], []
+    real_call = cpu.Kernel.__call__
+
+    def spy(self, *a):
+        if self.__name__ == name:
+            args.append(a[-4:-2])
+            if ordinary:  # the same phase with ordinary stores
+                a = a[:-3] + (False,) + a[-2:]
+        return real_call(self, *a)
+
+    monkeypatch.setattr(cpu.Kernel, "__call__", spy)
+    monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 0)
+
+    def run():
+        return gaescan.vtrace(**kw, backend="numba", out=tuple(_aligned_out(R, T, T, offset)))
+
+    # Rows a multiple of 64 bytes apart stream; others take the end-anchored blocks.
+    phase = (16 - offset) % 16 if T % 16 == 0 else 0
+    h0 = phase if phase + 16 <= T else 0
+    got = run()
+    assert args == [(phase, T % 16 == 0)]
+    n = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = run()
+    finally:
+        numba.set_num_threads(n)
+    ordinary.append(True)
+    assert _vt_same_bits(got, one) and _vt_same_bits(got, run())
+    with monkeypatch.context() as m:
+        m.setattr(vtrace_numba, "_lanes_ok", lambda *a, **k: False)
+        m.setattr(vtrace_numba, "_lanes_next_ok", lambda *a: False)
+        fused = gaescan.vtrace(**kw, backend="numba")
+    _vt_near_fused(got, fused, R, T, h0)
+    ref = gt.vtrace(**kw)
+    assert_close(got.vs, ref.vs, np.float32)
+    assert_close(got.advantages, ref.advantages, np.float32)
 
 
 # The lanes kernels carry the trace in float32 where GAE's kernels would carry

@@ -44,6 +44,7 @@ from .numba_cpu import (
     _flag8,
     _narrow,
     _offsets,
+    _stream,
     _sweep_time_major,
 )
 
@@ -126,8 +127,10 @@ def vtrace(p: VTraceProblem) -> None:
                     carry, p.rho_bar, p.c_bar, p.pg_rho_bar, p.vs.T, p.advantages.T)
             elif _lanes_next_ok(rows, p, d, tr):
                 # next_values with both flag arrays: eight rows at a time in SIMD lanes.
+                phase, stream = _stream(p.vs, p.advantages)
                 k.vtrace_lanes_next(r, values, lr, nv, d, tr, gcol, lcol, carry, p.rho_bar, p.c_bar,
-                                    p.pg_rho_bar, _state32(rows, p, gcol, lcol), p.vs, p.advantages)
+                                    p.pg_rho_bar, _state32(rows, p, gcol, lcol), phase if stream else 0, stream,
+                                    p.vs, p.advantages)
                 r8 = rows.R - rows.R % 8
                 if r8 < rows.R:
                     s = slice(r8, None)
@@ -135,8 +138,10 @@ def vtrace(p: VTraceProblem) -> None:
                                    bound[s], carry[s], p.rho_bar, p.c_bar, p.pg_rho_bar, p.vs[s], p.advantages[s])
             elif _lanes_ok(rows, p, d):
                 # Eight rows at a time in SIMD lanes, the last R % 8 rows in pairs.
+                phase, stream = _stream(p.vs, p.advantages)
                 k.vtrace_lanes(r, values, lr, d, has_term, gcol, lcol, bound, carry, p.rho_bar, p.c_bar,
-                               p.pg_rho_bar, _state32(rows, p, gcol, lcol), p.vs, p.advantages)
+                               p.pg_rho_bar, _state32(rows, p, gcol, lcol), phase if stream else 0, stream,
+                               p.vs, p.advantages)
                 r8 = rows.R - rows.R % 8
                 if r8 < rows.R:
                     s = slice(r8, None)

@@ -531,7 +531,7 @@ def _exp8_f32(builder: Any, x: Any, fma32: Any) -> Any:
 
 def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False, has_next: bool = False,
                        state32: bool = False) -> Any:
-    """The intrinsic ``block(r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb)``.
+    """The intrinsic ``block(r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, trunc, nt)``.
 
     V-trace on steps ``t0 + steps - 1`` down to ``t0`` (``steps`` a multiple
     of 8) of rows ``i0 .. i0 + 7`` (``[row, step]`` arrays, or ``[step, row]``
@@ -544,6 +544,9 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False
     the block), ``sv`` (the value after the block), ``g8`` (γ) and ``gl8``
     (γλ) are float64 arrays of one element per row, the first two updated in
     place; ``rb``, ``cb``, ``pb`` are the clipping thresholds (float64).
+    ``nt`` (a boolean, read at run time) writes ``vs`` and ``adv`` by
+    non-temporal stores: batch-major blocks only, and the caller guarantees
+    that step ``t0`` of every row of both starts a 32-byte aligned vector.
 
     Per step, the terms of the V-trace fast path
     (:mod:`gaescan.kernels.cpu_vtrace`): ``e = exp(lr)``, the bracket
@@ -570,8 +573,8 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False
     ``sx`` stays float64 (a float32 value, exactly) between blocks.
     """
     @intrinsic
-    def block(typingctx, r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, trunc):
-        sig = types.void(r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, trunc)
+    def block(typingctx, r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, trunc, nt):
+        sig = types.void(r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, trunc, nt)
 
         def codegen(context, builder, signature, args):
             arrays = (0, 1, 2, 3, 4, 5, 15, 16) if has_next else range(6)
@@ -626,11 +629,13 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False
                 return (builder.select(tm, builder.fsub(rt, vt), w), builder.select(dn, zc, c),
                         builder.select(dn, zx, x))
 
+            stream = None if time_major else context.cast(builder, args[17], signature.args[17], types.boolean)
+
             def finish(x, vn, out_s, out_a):
                 builder.store(x, px, align=8)
                 builder.store(vn, pv, align=8)
-                blk.store_steps(4, out_s, v8f)
-                blk.store_steps(5, out_a, v8f)
+                blk.store_steps(4, out_s, v8f, stream)
+                blk.store_steps(5, out_a, v8f, stream)
 
             def run64(x, vn):
                 out_s, out_a = [None] * steps, [None] * steps

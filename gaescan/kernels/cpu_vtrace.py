@@ -39,7 +39,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from ._lanes import vtrace_lanes_block
+from ._lanes import sfence, vtrace_lanes_block
 from .cpu import _CU, Kernel, _pair, _ro
 
 _FLOATS = (types.float32, types.float64)
@@ -413,11 +413,39 @@ _F4T = types.float32
 
 
 @njit(inline="always", fastmath=_FM)
+def _row_steps(r, v, lr, nv, has_next, d, has_term, tr, g, lam, i, hi, lo, x, vn, rb, cb, pb, vs, adv):
+    """Steps ``hi - 1`` down to ``lo`` of row ``i``, one at a time (the
+    operations of :func:`vtrace_fused`, so its bits), from the trace ``x`` and
+    the value ``vn`` after them; returns the two after step ``lo``."""
+    gl = g * lam
+    for t in range(hi - 1, lo - 1, -1):
+        vt = _f8(v[i, t])
+        if has_next:
+            tm = d[i, t] != 0
+            x, o, a = _core(_f8(r[i, t]), vt, _f8(lr[i, t]), _f8(nv[i, t]), g, lam, tm, tm or tr[i, t] != 0,
+                            rb, cb, pb, x)
+        else:
+            rt = _f8(r[i, t])
+            e = _exp(_f8(lr[i, t]))
+            tm = has_term and d[i, t] != 0
+            w = rt - vt if tm else g * vn + rt - vt
+            cw = 0.0 if tm else gl * _clip(cb, e)
+            xm = 0.0 if tm else x
+            a = _clip(pb, e) * (g * xm + w)
+            x = cw * xm + _clip(rb, e) * w
+            o = vt + x
+        vs[i, t] = np.float32(o)
+        adv[i, t] = np.float32(a)
+        vn = vt
+    return x, vn
+
+
+@njit(inline="always", fastmath=_FM)
 def _lane_group_tails(r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, carry, rb, cb, pb, vs, adv,
-                      i0, tail):
-    """The last ``tail`` steps of rows ``i0 .. i0 + 7``, one row at a time (the
-    operations of :func:`vtrace_fused`, so its bits), and the block's state
-    after them: the trace, the value after the step, γ and γλ of each row."""
+                      i0, tb):
+    """Steps ``tb`` to the end of rows ``i0 .. i0 + 7``, one row at a time
+    (:func:`_row_steps`), and the blocks' state after them: the trace, the
+    value after the step, γ and γλ of each row."""
     T = r.shape[1]
     sx = np.empty(8, _f8)
     sv = np.empty(8, _f8)
@@ -426,53 +454,65 @@ def _lane_group_tails(r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound
     for q in range(8):
         i = i0 + q
         g = _f8(gcol[i])
-        gl = g * _f8(lcol[i])
-        x = _f8(carry[i])
-        vn = _f8(bound[i])
-        for j in range(tail):
-            t = T - 1 - j
-            vt = _f8(v[i, t])
-            if has_next:
-                tm = d[i, t] != 0
-                x, o, a = _core(_f8(r[i, t]), vt, _f8(lr[i, t]), _f8(nv[i, t]), g, _f8(lcol[i]), tm,
-                                tm or tr[i, t] != 0, rb, cb, pb, x)
-            else:
-                rt = _f8(r[i, t])
-                e = _exp(_f8(lr[i, t]))
-                tm = has_term and d[i, t] != 0
-                w = rt - vt if tm else g * vn + rt - vt
-                cw = 0.0 if tm else gl * _clip(cb, e)
-                xm = 0.0 if tm else x
-                a = _clip(pb, e) * (g * xm + w)
-                x = cw * xm + _clip(rb, e) * w
-                o = vt + x
-            vs[i, t] = np.float32(o)
-            adv[i, t] = np.float32(a)
-            vn = vt
-        sx[q] = x
-        sv[q] = vn
+        lam = _f8(lcol[i])
+        sx[q], sv[q] = _row_steps(r, v, lr, nv, has_next, d, has_term, tr, g, lam, i, T, tb, _f8(carry[i]),
+                                  _f8(bound[i]), rb, cb, pb, vs, adv)
         g8[q] = g
-        gl8[q] = gl
+        gl8[q] = g * lam
     return sx, sv, g8, gl8
+
+
+@njit(inline="always", fastmath=_FM)
+def _lane_group_heads(r, v, lr, nv, has_next, d, has_term, tr, lcol, rb, cb, pb, vs, adv, i0, h0, sx, sv, g8):
+    """Steps ``h0 - 1`` down to 0 of rows ``i0 .. i0 + 7``, one row at a time
+    (:func:`_row_steps`), from the blocks' state."""
+    for q in range(8):
+        i = i0 + q
+        _row_steps(r, v, lr, nv, has_next, d, has_term, tr, g8[q], _f8(lcol[i]), i, h0, 0, sx[q], sv[q],
+                   rb, cb, pb, vs, adv)
+
+
+@njit(inline="always")
+def _block_span(T, phase, stream):
+    """``(h0, nb, tb, nt)``: the blocks' first step ``h0`` (``phase``, or 0 where
+    the row is shorter than ``phase + 16``), their count, the step after the
+    last one, and whether they stream (``stream``, where they start at
+    ``phase``)."""
+    h0 = phase if phase + _LANE_STEPS <= T else 0
+    nb = (T - h0) // _LANE_STEPS
+    return h0, nb, h0 + _LANE_STEPS * nb, stream and h0 == phase
 
 
 @_kernel([types.void(_ro(_F4T, 2), _ro(_F4T, 2), _ro(_F4T, 2), _ro(types.uint8, 2), types.boolean,
                      _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), types.float64, types.float64,
-                     types.float64, types.boolean, types.Array(_F4T, 2, "A"), types.Array(_F4T, 2, "A")), None],
+                     types.float64, types.boolean, types.int64, types.boolean, types.Array(_F4T, 2, "A"),
+                     types.Array(_F4T, 2, "A")), None],
          parallel=True, fastmath=_FM)
-def vtrace_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, cb, pb, state32, vs, adv):
+def vtrace_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, cb, pb, state32, phase, stream, vs, adv):
     """V-trace on float32 rows contiguous along time, plain or with
     terminations (``d``, read when ``has_term``), eight rows at a time in SIMD
     lanes: rows ``0 .. 8·(R // 8) − 1`` (the caller runs the others through
     :func:`vtrace_fused`).
 
-    Each group of 8 rows first runs its last ``T % 16`` steps one row at a
-    time (the bits of :func:`vtrace_fused`), then its blocks of 16 steps from
-    the end, each one call of the ``_vlanes_*`` block, with the same terms in
-    the same order, float32 where :func:`gaescan.kernels._lanes.vtrace_lanes_block`
-    says (:func:`_exp`'s float64 terms and bits in a block with a log-ratio
-    outside ``[-87, 88]``).  ``bound`` and
-    ``carry`` are ``last_value`` and ``last_trace`` per row.
+    The blocks of 16 steps start at steps ``phase + 16·k`` (``phase`` <
+    16; 0 where the row is shorter than ``phase + 16``).  Each group of 8
+    rows first runs its steps after the last block one row at a time (the
+    bits of :func:`vtrace_fused`), then its blocks from the end, each one
+    call of the ``_vlanes_*`` block, with the same terms in the same order,
+    float32 where :func:`gaescan.kernels._lanes.vtrace_lanes_block` says
+    (:func:`_exp`'s float64 terms and bits in a block with a log-ratio
+    outside ``[-87, 88]``), then its first ``phase`` steps one row at a time.
+    ``bound`` and ``carry`` are ``last_value`` and ``last_trace`` per row.
+
+    With ``stream`` the blocks write ``vs`` and ``adv`` by non-temporal
+    stores: the caller guarantees that step ``phase`` of every row of both
+    starts a 64-byte line (:func:`gaescan.backends.numba_cpu._stream`), so
+    that every block's loads and stores are aligned too where the inputs
+    share the outputs' alignment.  Which steps run in blocks moves with
+    ``phase``, and the blocks' float32 terms differ from the one-row steps'
+    by roundings, so the last bits of a result depend on ``phase`` (within
+    the contract's tolerance); for given buffers they are the same on every
+    call and thread count.
 
     With ``state32`` the blocks carry the trace ``D`` in float32 (every term
     on ``<8 x float>``; :func:`gaescan.kernels._lanes.vtrace_lanes_block`):
@@ -481,48 +521,53 @@ def vtrace_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, cb, pb, st
     (:func:`gaescan.backends.vtrace_numba._state32`).
     """
     R, T = r.shape
-    tail = T % _LANE_STEPS
-    tb = T - tail
+    h0, nb, tb, nt = _block_span(T, phase, stream)
     for grp in prange(R // 8):
         i0 = grp * 8
         sx, sv, g8, gl8 = _lane_group_tails(r, v, lr, v, False, d, has_term, d, gcol, lcol, bound, carry,
-                                            rb, cb, pb, vs, adv, i0, tail)
-        for b in range(tb // _LANE_STEPS):
+                                            rb, cb, pb, vs, adv, i0, tb)
+        for b in range(nb):
             t0 = tb - _LANE_STEPS * (b + 1)
             if has_term and state32:
-                _vlanes32_term(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d)
+                _vlanes32_term(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt)
             elif has_term:
-                _vlanes_term(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d)
+                _vlanes_term(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt)
             elif state32:
-                _vlanes32_plain(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d)
+                _vlanes32_plain(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt)
             else:
-                _vlanes_plain(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d)
+                _vlanes_plain(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt)
+        _lane_group_heads(r, v, lr, v, False, d, has_term, d, lcol, rb, cb, pb, vs, adv, i0, h0, sx, sv, g8)
+        if nt:
+            sfence()
 
 
 @_kernel([types.void(_ro(_F4T, 2), _ro(_F4T, 2), _ro(_F4T, 2), _ro(_F4T, 2), _ro(types.uint8, 2),
                      _ro(types.uint8, 2), _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), types.float64,
-                     types.float64, types.float64, types.boolean, types.Array(_F4T, 2, "A"),
-                     types.Array(_F4T, 2, "A")), None],
+                     types.float64, types.float64, types.boolean, types.int64, types.boolean,
+                     types.Array(_F4T, 2, "A"), types.Array(_F4T, 2, "A")), None],
          parallel=True, fastmath=_FM)
-def vtrace_lanes_next(r, v, lr, nv, d, tr, gcol, lcol, carry, rb, cb, pb, state32, vs, adv):
+def vtrace_lanes_next(r, v, lr, nv, d, tr, gcol, lcol, carry, rb, cb, pb, state32, phase, stream, vs, adv):
     """:func:`vtrace_lanes` with ``next_values`` (``nv``): terminations ``d``
     and truncations ``tr`` (uint8, both read, consecutive along time), rows
     ``0 .. 8·(R // 8) − 1`` (the caller runs the others through
     :func:`vtrace_fused`).  ``carry`` is ``last_trace`` per row; the
-    bootstrap of each step is ``nv``'s, so ``last_value`` is not read."""
+    bootstrap of each step is ``nv``'s, so ``last_value`` is not read.
+    ``phase`` and ``stream`` as in :func:`vtrace_lanes`."""
     R, T = r.shape
-    tail = T % _LANE_STEPS
-    tb = T - tail
+    h0, nb, tb, nt = _block_span(T, phase, stream)
     for grp in prange(R // 8):
         i0 = grp * 8
         sx, sv, g8, gl8 = _lane_group_tails(r, v, lr, nv, True, d, True, tr, gcol, lcol, carry, carry,
-                                            rb, cb, pb, vs, adv, i0, tail)
-        for b in range(tb // _LANE_STEPS):
+                                            rb, cb, pb, vs, adv, i0, tb)
+        for b in range(nb):
             t0 = tb - _LANE_STEPS * (b + 1)
             if state32:
-                _vlanes32_next(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, tr)
+                _vlanes32_next(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, tr, nt)
             else:
-                _vlanes_next(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, tr)
+                _vlanes_next(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, tr, nt)
+        _lane_group_heads(r, v, lr, nv, True, d, True, tr, lcol, rb, cb, pb, vs, adv, i0, h0, sx, sv, g8)
+        if nt:
+            sfence()
 
 
 # --------------------------------------------------------------------------- time-major fast path
@@ -663,13 +708,13 @@ def vtrace_timemajor_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, 
                 o = 8 * h
                 sxo, svo, g8o, gl8o = sx[o:o + 8], sv[o:o + 8], g8[o:o + 8], gl8[o:o + 8]
                 if has_term and state32:
-                    _vlanes32_tm_term(r, v, lr, d, vs, adv, c0 + o, t0, sxo, svo, g8o, gl8o, rb, cb, pb, v, d)
+                    _vlanes32_tm_term(r, v, lr, d, vs, adv, c0 + o, t0, sxo, svo, g8o, gl8o, rb, cb, pb, v, d, False)
                 elif has_term:
-                    _vlanes_tm_term(r, v, lr, d, vs, adv, c0 + o, t0, sxo, svo, g8o, gl8o, rb, cb, pb, v, d)
+                    _vlanes_tm_term(r, v, lr, d, vs, adv, c0 + o, t0, sxo, svo, g8o, gl8o, rb, cb, pb, v, d, False)
                 elif state32:
-                    _vlanes32_tm_plain(r, v, lr, d, vs, adv, c0 + o, t0, sxo, svo, g8o, gl8o, rb, cb, pb, v, d)
+                    _vlanes32_tm_plain(r, v, lr, d, vs, adv, c0 + o, t0, sxo, svo, g8o, gl8o, rb, cb, pb, v, d, False)
                 else:
-                    _vlanes_tm_plain(r, v, lr, d, vs, adv, c0 + o, t0, sxo, svo, g8o, gl8o, rb, cb, pb, v, d)
+                    _vlanes_tm_plain(r, v, lr, d, vs, adv, c0 + o, t0, sxo, svo, g8o, gl8o, rb, cb, pb, v, d, False)
     for c in prange(8 * groups, R):
         g = _f8(gcol[c])
         _tm_column_steps(r, v, lr, d, has_term, c, T, 0, g, g * _f8(lcol[c]), _f8(carry[c]), _f8(bound[c]),
