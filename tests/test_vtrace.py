@@ -808,6 +808,30 @@ def test_timemajor_lanes_kernel_gives_the_batch_major_lanes_bits(monkeypatch, R,
         assert_close(got.advantages, ref.advantages, np.float32)
 
 
+def test_timemajor_lanes_kernel_checks_the_log_ratios_range_per_16_steps(monkeypatch):
+    # One log-ratio outside [-87, 88] in some 16-step spans of some groups of 8
+    # columns, at a different step of the span each time: the batch-major block
+    # takes the float64 form for its whole 16 steps, and so do the four 4-step
+    # time-major blocks of the span.
+    from gaescan.backends import vtrace_numba
+
+    monkeypatch.setattr(vtrace_numba, "SERIAL_MAX_STEPS", 0)
+    rng = np.random.default_rng(29)
+    T, R = 16 * 12 + 5, 26
+    lr = log_ratios(rng, (T, R))
+    for k, (t, c) in enumerate([(0, 0), (21, 9), (38, 17), (63, 3), (64, 12), (100, 20), (150, 24)]):
+        lr[t, c] = (95.0, -95.0, np.inf, -np.inf)[k % 4]
+    kw = dict(rewards=random_data(rng, (T, R), np.float32), values=random_data(rng, (T, R), np.float32),
+              log_rhos=lr, gamma=0.99, dones=rng.random((T, R)) < 0.02)
+    got = gaescan.vtrace(**kw, axis=0, backend="numba")
+    want = gaescan.vtrace(**_transposed(kw), backend="numba")
+    assert _vt_same_bits((got.vs.T, got.advantages.T), want)
+    # (a decision per 4-step block would put the span's other blocks in float32: other bits)
+    ref = gt.vtrace(**kw, axis=0)
+    assert_close(got.vs, ref.vs, np.float32)
+    assert_close(got.advantages, ref.advantages, np.float32)
+
+
 def test_timemajor_lanes_kernel_nan_stays_in_its_episode(monkeypatch):
     from gaescan.backends import vtrace_numba
 
@@ -835,7 +859,7 @@ def test_timemajor_lanes_kernel_is_thread_count_independent(monkeypatch):
 
     monkeypatch.setattr(vtrace_numba, "SERIAL_MAX_STEPS", 0)
     rng = np.random.default_rng(10)
-    T, R = 1003, 300  # units of 80 columns: 4 units, the last one short
+    T, R = 1003, 300  # one unit per thread: 2 units (the last one short) or 1
     r, v = random_data(rng, (T, R), np.float32), random_data(rng, (T, R), np.float32)
     kw = dict(log_rhos=log_ratios(rng, (T, R)), gamma=0.999, lam=0.99, dones=rng.random((T, R)) < 0.01, axis=0)
     a1 = gaescan.vtrace(r, v, **kw, backend="numba")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numba
 import numpy as np
 
 from .._vtrace import VTraceProblem
@@ -119,8 +120,8 @@ def vtrace(p: VTraceProblem) -> None:
             if tm and _lanes_ok(rows, p, d, time_major=True):
                 # Eight batch columns at a time in SIMD lanes.
                 k.vtrace_timemajor_lanes(r.T, values.T, lr.T, d.T, has_term, gcol, lcol, bound, carry, p.rho_bar,
-                                         p.c_bar, p.pg_rho_bar, _state32(rows, p, gcol, lcol), p.vs.T,
-                                         p.advantages.T)
+                                         p.c_bar, p.pg_rho_bar, _state32(rows, p, gcol, lcol),
+                                         numba.get_num_threads(), p.vs.T, p.advantages.T)
             elif tm:
                 _kernel(k.vtrace_timemajor, n, rows.dtype)(
                     r.T, values.T, lr.T, nv.T, p.next_values is not None, d.T, has_term, tr.T, gcol, lcol, bound,

@@ -529,9 +529,42 @@ def _exp8_f32(builder: Any, x: Any, fma32: Any) -> Any:
     return builder.select(builder.fcmp_unordered("uno", x, x), x, y)
 
 
+def _any_outside(builder: Any, LR: list[Any]) -> Any:
+    """An ``i1``: whether a lane of the ``<8 x float>`` vectors ``LR`` lies
+    outside ``[_EXPM_LO, _EXPM_HI]`` (±inf included; NaN is not: it passes
+    through either form of the V-trace block).  Such a log-ratio sends a whole
+    block to the float64 form."""
+    v8f = ir.VectorType(ir.FloatType(), 8)
+    lo, hi = ir.Constant(v8f, [_EXPM_LO] * 8), ir.Constant(v8f, [_EXPM_HI] * 8)
+    outside = None
+    for lr in LR:
+        o = builder.or_(builder.fcmp_ordered("<", lr, lo), builder.fcmp_ordered(">", lr, hi))
+        outside = o if outside is None else builder.or_(outside, o)
+    return builder.icmp_unsigned("!=", builder.bitcast(outside, ir.IntType(8)), ir.Constant(ir.IntType(8), 0))
+
+
+def log_ratios_outside(steps: int = 16) -> Any:
+    """The intrinsic ``outside(lr, c0, t0) -> bool``: whether a log-ratio of
+    steps ``t0 .. t0 + steps - 1`` of columns ``c0 .. c0 + 7`` of the
+    time-major float32 ``lr`` (``[step, column]``, contiguous along columns)
+    lies outside ``[_EXPM_LO, _EXPM_HI]``: the check a ``steps``-step
+    :func:`vtrace_lanes_block` makes, for blocks built ``checked``."""
+    @intrinsic
+    def outside(typingctx, lr, c0, t0):
+        sig = types.boolean(lr, c0, t0)
+
+        def codegen(context, builder, signature, args):
+            blk = _Block(context, builder, signature, args, (0,), args[1], args[2], time_major=True)
+            return _any_outside(builder, blk.steps_of(0, ir.VectorType(ir.FloatType(), 8), 4, steps))
+
+        return sig, codegen
+
+    return outside
+
+
 def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False, has_next: bool = False,
-                       state32: bool = False) -> Any:
-    """The intrinsic ``block(r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, trunc, nt)``.
+                       state32: bool = False, checked: bool = False) -> Any:
+    """The intrinsic ``block(r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, trunc, nt, wide)``.
 
     V-trace on steps ``t0 + steps - 1`` down to ``t0`` (``steps`` a multiple
     of 8) of rows ``i0 .. i0 + 7`` (``[row, step]`` arrays, or ``[step, row]``
@@ -547,6 +580,7 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False
     ``nt`` (a boolean, read at run time) writes ``vs`` and ``adv`` by
     non-temporal stores: batch-major blocks only, and the caller guarantees
     that step ``t0`` of every row of both starts a 32-byte aligned vector.
+    ``wide`` (a boolean) is read with ``checked`` only: see below.
 
     Per step, the terms of the V-trace fast path
     (:mod:`gaescan.kernels.cpu_vtrace`): ``e = exp(lr)``, the bracket
@@ -564,7 +598,11 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False
     128-bit operations each on CPUs that split 256-bit ones, so the rest stays
     in float32.  A block with a log-ratio outside ``[_EXPM_LO, _EXPM_HI]``
     runs every term on ``<8 x double>`` with :func:`_exp8`, the scalar
-    kernels' float64 exponential, and gives their bits.
+    kernels' float64 exponential, and gives their bits.  With ``checked``
+    the caller has made that check (over a span of steps that holds the
+    block's) and passes its answer as ``wide``: blocks shorter than 16 steps
+    then take the same form, so the same bits, as a 16-step block over the
+    span.
 
     With ``state32`` the other blocks carry ``D`` in float32 too: ``δ``, the
     decay, ``D`` and ``vs`` on ``<8 x float>``, half the operations and
@@ -573,8 +611,8 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False
     ``sx`` stays float64 (a float32 value, exactly) between blocks.
     """
     @intrinsic
-    def block(typingctx, r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, trunc, nt):
-        sig = types.void(r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, trunc, nt)
+    def block(typingctx, r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, trunc, nt, wide):
+        sig = types.void(r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, trunc, nt, wide)
 
         def codegen(context, builder, signature, args):
             arrays = (0, 1, 2, 3, 4, 5, 15, 16) if has_next else range(6)
@@ -681,15 +719,10 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False
                     vn32 = vt
                 finish(wide(x) if state32 else x, wide(vn32), out_s, out_a)
 
-            # A log-ratio outside [_EXPM_LO, _EXPM_HI] (±inf included; NaN is not:
-            # it passes through either form) sends the whole block to the float64 form.
-            lo, hi = ir.Constant(v8f, [_EXPM_LO] * 8), ir.Constant(v8f, [_EXPM_HI] * 8)
-            outside = None
-            for lr in LR:
-                o = builder.or_(builder.fcmp_ordered("<", lr, lo), builder.fcmp_ordered(">", lr, hi))
-                outside = o if outside is None else builder.or_(outside, o)
-            wide_range = builder.icmp_unsigned("!=", builder.bitcast(outside, ir.IntType(8)),
-                                               ir.Constant(ir.IntType(8), 0))
+            if checked:
+                wide_range = context.cast(builder, args[18], signature.args[18], types.boolean)
+            else:
+                wide_range = _any_outside(builder, LR)
 
             with builder.if_else(wide_range, likely=False) as (then, otherwise):
                 with then:

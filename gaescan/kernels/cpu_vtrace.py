@@ -39,7 +39,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from ._lanes import sfence, vtrace_lanes_block
+from ._lanes import log_ratios_outside, sfence, vtrace_lanes_block
 from .cpu import _CU, Kernel, _pair, _ro
 
 _FLOATS = (types.float32, types.float64)
@@ -399,15 +399,19 @@ def vtrace_fused(r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, car
 _LANE_STEPS = 16
 _vlanes_term = vtrace_lanes_block(True, _LANE_STEPS)
 _vlanes_plain = vtrace_lanes_block(False, _LANE_STEPS)
-_vlanes_tm_term = vtrace_lanes_block(True, _LANE_STEPS, time_major=True)
-_vlanes_tm_plain = vtrace_lanes_block(False, _LANE_STEPS, time_major=True)
+# Time-major blocks run 4 steps, the caller checking the log-ratios' range over each
+# 16-step span (``checked``): the bits of the batch-major 16-step blocks.
+_TM_STEPS = 4
+_vlanes_tm_term = vtrace_lanes_block(True, _TM_STEPS, time_major=True, checked=True)
+_vlanes_tm_plain = vtrace_lanes_block(False, _TM_STEPS, time_major=True, checked=True)
 _vlanes_next = vtrace_lanes_block(True, _LANE_STEPS, has_next=True)
 # The same blocks with the trace carried in float32 (``state32``: the
 # backend's choice where the decay allows it, see vtrace_lanes).
 _vlanes32_term = vtrace_lanes_block(True, _LANE_STEPS, state32=True)
 _vlanes32_plain = vtrace_lanes_block(False, _LANE_STEPS, state32=True)
-_vlanes32_tm_term = vtrace_lanes_block(True, _LANE_STEPS, time_major=True, state32=True)
-_vlanes32_tm_plain = vtrace_lanes_block(False, _LANE_STEPS, time_major=True, state32=True)
+_vlanes32_tm_term = vtrace_lanes_block(True, _TM_STEPS, time_major=True, state32=True, checked=True)
+_vlanes32_tm_plain = vtrace_lanes_block(False, _TM_STEPS, time_major=True, state32=True, checked=True)
+_tm_outside = log_ratios_outside(_LANE_STEPS)
 _vlanes32_next = vtrace_lanes_block(True, _LANE_STEPS, has_next=True, state32=True)
 _F4T = types.float32
 
@@ -529,13 +533,13 @@ def vtrace_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, cb, pb, st
         for b in range(nb):
             t0 = tb - _LANE_STEPS * (b + 1)
             if has_term and state32:
-                _vlanes32_term(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt)
+                _vlanes32_term(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt, False)
             elif has_term:
-                _vlanes_term(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt)
+                _vlanes_term(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt, False)
             elif state32:
-                _vlanes32_plain(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt)
+                _vlanes32_plain(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt, False)
             else:
-                _vlanes_plain(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt)
+                _vlanes_plain(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt, False)
         _lane_group_heads(r, v, lr, v, False, d, has_term, d, lcol, rb, cb, pb, vs, adv, i0, h0, sx, sv, g8)
         if nt:
             sfence()
@@ -562,9 +566,9 @@ def vtrace_lanes_next(r, v, lr, nv, d, tr, gcol, lcol, carry, rb, cb, pb, state3
         for b in range(nb):
             t0 = tb - _LANE_STEPS * (b + 1)
             if state32:
-                _vlanes32_next(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, tr, nt)
+                _vlanes32_next(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, tr, nt, False)
             else:
-                _vlanes_next(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, tr, nt)
+                _vlanes_next(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, tr, nt, False)
         _lane_group_heads(r, v, lr, nv, True, d, True, tr, lcol, rb, cb, pb, vs, adv, i0, h0, sx, sv, g8)
         if nt:
             sfence()
@@ -662,28 +666,36 @@ def _tm_column_steps(r, v, lr, d, has_term, c, t_end, t_stop, g, gl, x, vn, rb, 
 
 @_kernel([types.void(_ro(_F4T, 2), _ro(_F4T, 2), _ro(_F4T, 2), _ro(types.uint8, 2), types.boolean,
                      _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), types.float64, types.float64,
-                     types.float64, types.boolean, types.Array(_F4T, 2, "A"), types.Array(_F4T, 2, "A")), None],
+                     types.float64, types.boolean, types.int64, types.Array(_F4T, 2, "A"),
+                     types.Array(_F4T, 2, "A")), None],
          parallel=True, fastmath=_FM)
-def vtrace_timemajor_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, cb, pb, state32, vs, adv):
+def vtrace_timemajor_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, cb, pb, state32, threads, vs, adv):
     """V-trace on float32 ``(T, R)`` arrays contiguous along the batch (the
     transposes of time-major row views), plain or with terminations (``d``,
     read when ``has_term``, its columns consecutive), eight columns at a time
     in SIMD lanes, each step of them one vector load per array.
 
-    Work comes in units of ``wb`` consecutive columns (as in
-    :func:`vtrace_timemajor`), so that each block of 16 steps reads 16
-    contiguous stretches of each array.  Each group of 8 columns of a unit runs
-    its last ``T % 16`` steps one column at a time, then the unit's blocks
-    of 16 steps from the end, each group in turn, with the ``_vlanes_tm_*``
-    block (the batch-major block's terms and exponential).  The last
-    ``R % 8`` columns run one at a time.  ``bound`` and ``carry`` are
-    ``last_value`` and ``last_trace`` per column.
+    Work comes in units of consecutive columns, one per thread of
+    ``threads`` (64 to ``_W`` columns; columns are independent, so the split
+    changes no result),
+    so that each block reads contiguous stretches of each array.  Each group
+    of 8 columns of a unit runs its last ``T % 16`` steps one column at a
+    time, then the unit's spans of 16 steps from the end.  Per span, each
+    group first checks its log-ratios' range (``_tm_outside``), then the
+    span's four blocks of 4 steps run from the end, each over every group of
+    the unit in turn, with the ``_vlanes_tm_*`` block (the batch-major
+    block's terms, exponential and range rule over the same 16 steps, so
+    the bits of :func:`vtrace_lanes` on the transposed arrays where it does
+    not stream).  Blocks of 4 steps keep a block's vectors in registers and
+    each span's lines in the L1 cache.  The last ``R % 8`` columns run one
+    at a time.  ``bound`` and ``carry`` are ``last_value`` and
+    ``last_trace`` per column.
     """
     T, R = r.shape
     tail = T % _LANE_STEPS
     tb = T - tail
     groups = R // 8
-    wb = _W if R >= 4 * _W else max(64, (R + 3) // 4)
+    wb = max(64, min(_W, (R + 8 * threads - 1) // (8 * threads) * 8))
     gu = (wb + 7) // 8  # groups per unit
     for u in prange((groups + gu - 1) // gu):
         n = min(gu, groups - gu * u)
@@ -691,6 +703,7 @@ def vtrace_timemajor_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, 
         sv = np.empty(8 * n, _f8)
         g8 = np.empty(8 * n, _f8)
         gl8 = np.empty(8 * n, _f8)
+        wide = np.empty(n, np.bool_)
         c0 = 8 * gu * u
         for q in range(8 * n):
             c = c0 + q
@@ -703,18 +716,27 @@ def vtrace_timemajor_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, 
             g8[q] = g
             gl8[q] = gl
         for b in range(tb // _LANE_STEPS):
-            t0 = tb - _LANE_STEPS * (b + 1)
+            t16 = tb - _LANE_STEPS * (b + 1)
             for h in range(n):
-                o = 8 * h
-                sxo, svo, g8o, gl8o = sx[o:o + 8], sv[o:o + 8], g8[o:o + 8], gl8[o:o + 8]
-                if has_term and state32:
-                    _vlanes32_tm_term(r, v, lr, d, vs, adv, c0 + o, t0, sxo, svo, g8o, gl8o, rb, cb, pb, v, d, False)
-                elif has_term:
-                    _vlanes_tm_term(r, v, lr, d, vs, adv, c0 + o, t0, sxo, svo, g8o, gl8o, rb, cb, pb, v, d, False)
-                elif state32:
-                    _vlanes32_tm_plain(r, v, lr, d, vs, adv, c0 + o, t0, sxo, svo, g8o, gl8o, rb, cb, pb, v, d, False)
-                else:
-                    _vlanes_tm_plain(r, v, lr, d, vs, adv, c0 + o, t0, sxo, svo, g8o, gl8o, rb, cb, pb, v, d, False)
+                wide[h] = _tm_outside(lr, c0 + 8 * h, t16)
+            for k in range(_LANE_STEPS // _TM_STEPS - 1, -1, -1):
+                t0 = t16 + _TM_STEPS * k
+                for h in range(n):
+                    o = 8 * h
+                    sxo, svo, g8o, gl8o = sx[o:o + 8], sv[o:o + 8], g8[o:o + 8], gl8[o:o + 8]
+                    w = wide[h]
+                    if has_term and state32:
+                        _vlanes32_tm_term(r, v, lr, d, vs, adv, c0 + o, t0, sxo, svo, g8o, gl8o, rb, cb, pb, v, d,
+                                          False, w)
+                    elif has_term:
+                        _vlanes_tm_term(r, v, lr, d, vs, adv, c0 + o, t0, sxo, svo, g8o, gl8o, rb, cb, pb, v, d,
+                                        False, w)
+                    elif state32:
+                        _vlanes32_tm_plain(r, v, lr, d, vs, adv, c0 + o, t0, sxo, svo, g8o, gl8o, rb, cb, pb, v, d,
+                                           False, w)
+                    else:
+                        _vlanes_tm_plain(r, v, lr, d, vs, adv, c0 + o, t0, sxo, svo, g8o, gl8o, rb, cb, pb, v, d,
+                                         False, w)
     for c in prange(8 * groups, R):
         g = _f8(gcol[c])
         _tm_column_steps(r, v, lr, d, has_term, c, T, 0, g, g * _f8(lcol[c]), _f8(carry[c]), _f8(bound[c]),
