@@ -1197,18 +1197,19 @@ def test_streaming_needs_aligned_rows(monkeypatch):
 
 def _aligned_tm_out(T, B, offset):
     """Two C-contiguous float32 ``(T, B)`` arrays whose column 0 is ``offset``
-    items past a 32-byte boundary."""
+    items past a 64-byte boundary."""
     outs = []
     for _ in range(2):
-        buf = np.full(T * B + 16, np.nan, np.float32)
-        skip = (-buf.__array_interface__["data"][0] % 32) // 4 + offset
+        buf = np.full(T * B + 32, np.nan, np.float32)
+        skip = (-buf.__array_interface__["data"][0] % 64) // 4 + offset
         outs.append(buf[skip:skip + T * B].reshape(T, B))
     return outs
 
 
 @pytest.mark.parametrize("case", ["plain", "dones", "next"])
 @pytest.mark.parametrize("decay", ["f32-state", "f64-state"])
-@pytest.mark.parametrize("T,B,offset", [(2, 8, 0), (37, 16, 3), (130, 72, 5), (17, 8, 7), (64, 200, 1)])
+@pytest.mark.parametrize("T,B,offset", [(2, 8, 0), (37, 16, 3), (130, 72, 5), (17, 8, 7), (64, 200, 1),
+                                        (40, 264, 12), (9, 136, 9)])
 def test_time_major_lanes_give_the_same_bits(build_spy, monkeypatch, case, decay, T, B, offset):
     rng, r, v, d = _data(T, B, seed=T * 100 + B + offset, p=0.05)
     r[T // 2, B // 3] = np.nan  # stays in its episode: the bits say so, as in gae_timemajor
@@ -1224,7 +1225,7 @@ def test_time_major_lanes_give_the_same_bits(build_spy, monkeypatch, case, decay
     assert [k for k, _ in build_spy] == ["gae_timemajor_next" if case == "next" else "gae_timemajor"]
     monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 0)
     out = _aligned_tm_out(T, B, offset)
-    assert numba_cpu._stream_cols(out[0].T, out[1].T) == ((8 - offset) % 8, B % 8 == 0)
+    assert numba_cpu._stream_cols(out[0].T, out[1].T) == ((16 - offset) % 16, B % 8 == 0)
     if B % 8:
         return
     build_spy.clear()
@@ -1237,14 +1238,16 @@ def test_time_major_lanes_give_the_same_bits(build_spy, monkeypatch, case, decay
 def test_time_major_streaming_needs_aligned_rows(monkeypatch):
     monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 0)
     a, b = _aligned_tm_out(4, 40, 2)
-    assert numba_cpu._stream_cols(a.T, b.T) == (6, True)
+    assert numba_cpu._stream_cols(a.T, b.T) == (14, True)
     c, _ = _aligned_tm_out(4, 40, 3)
-    assert numba_cpu._stream_cols(a.T, c.T) == (6, False)                  # vectors start at other columns
+    assert numba_cpu._stream_cols(a.T, c.T) == (14, False)                 # vectors start at other columns
+    c, _ = _aligned_tm_out(4, 40, 10)
+    assert numba_cpu._stream_cols(a.T, c.T) == (14, False)                 # lines start at other columns
     a, b = _aligned_tm_out(4, 44, 2)
-    assert numba_cpu._stream_cols(a.T, b.T) == (6, False)                  # rows 176 bytes long
+    assert numba_cpu._stream_cols(a.T, b.T) == (14, False)                 # rows 176 bytes long
     a, b = _aligned_tm_out(4, 40, 2)
     monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", a.nbytes + 1)
-    assert numba_cpu._stream_cols(a.T, b.T) == (6, False)                  # small outputs
+    assert numba_cpu._stream_cols(a.T, b.T) == (14, False)                 # small outputs
 
 
 def test_time_major_next_values_stream_with_both_flags_only(build_spy, monkeypatch):
@@ -1312,7 +1315,7 @@ def test_time_major_returns_and_scans_stream_only_where_they_may(build_spy, monk
         assert [k for k, _ in build_spy] == [kernel]
 
 
-@pytest.mark.parametrize("R,phase", [(3, 5), (8, 7), (13, 0), (9, 1)])
+@pytest.mark.parametrize("R,phase", [(3, 5), (8, 7), (13, 0), (9, 1), (12, 13), (24, 10), (200, 9)])
 def test_time_major_lanes_kernels_take_any_width_and_phase(R, phase):
     # called directly, with ordinary stores: narrow batches and phases past the
     # last column run one column at a time, with the same bits

@@ -262,18 +262,20 @@ def _stream(adv: np.ndarray, ret: np.ndarray) -> tuple[int, bool]:
 def _stream_cols(adv: np.ndarray, ret: np.ndarray) -> tuple[int, bool]:
     """``(phase, stream)`` for time-major float32 outputs (C-contiguous
     ``(T, R)`` transposes): ``phase`` the first column of row 0 of ``adv``
-    that starts a 32-byte vector (0 when its items are not 4-byte aligned);
-    ``stream`` whether the time-major lanes kernels
-    (:func:`gaescan.kernels.cpu.gae_timemajor_lanes` and its siblings) may
-    write both by non-temporal stores: each output ``STREAM_MIN_BYTES`` or
-    more, rows a multiple of 32 bytes long, and both outputs at the same
-    phase (one output: pass it twice)."""
+    that starts a 64-byte line (0 when its items are not 4-byte aligned):
+    the time-major lanes kernels
+    (:func:`gaescan.kernels.cpu.gae_timemajor_lanes` and its siblings) start
+    their vectors at ``phase % 8`` and split columns between threads at
+    lines; ``stream`` whether they may write both outputs by non-temporal
+    stores: each output ``STREAM_MIN_BYTES`` or more, rows a multiple of 32
+    bytes long, and both outputs at the same phase (one output: pass it
+    twice)."""
     a = adv.__array_interface__["data"][0]
     if a % 4:
         return 0, False
-    phase = (-a // 4) % 8
+    phase = (-a // 4) % 16
     ok = (adv.nbytes >= STREAM_MIN_BYTES and adv.shape[0] % 8 == 0
-          and (a - ret.__array_interface__["data"][0]) % 32 == 0)
+          and (a - ret.__array_interface__["data"][0]) % 64 == 0)
     return phase, ok
 
 

@@ -1022,24 +1022,28 @@ _tmlanes_term, _tmlanes_plain, _tmlanes_next = (_TM_LANES[case, True] for case i
 
 @njit(inline="always")
 def _tm_split(R, phase):
-    """``(phase, r8, wb, nb)`` of a time-major lanes kernel: columns
-    ``phase .. r8 − 1`` run eight per vector (``phase`` at most ``R``), in
-    ``nb`` units of ``wb`` columns (a multiple of 8; narrow batches get 4
-    units of at least 64 columns)."""
-    phase = min(phase, R)
-    r8 = phase + (R - phase) // 8 * 8
-    n = r8 - phase
-    wb = _W if n >= 4 * _W else max(64, ((n + 3) // 4 + 7) // 8 * 8)
-    return phase, r8, wb, max(1, (n + wb - 1) // wb)
+    """``(v0, r8, line, wb, nb)`` of a time-major lanes kernel whose outputs
+    start a 64-byte line at column ``phase`` (< 16) of each row: columns
+    ``v0 = phase % 8 .. r8 − 1`` run eight per vector (``v0`` at most ``R``),
+    in ``nb`` units of ``wb`` columns (a multiple of 16; narrow batches get 4
+    units of at least 64 columns) split at columns ``line + m·wb``
+    (``line = phase``): at line boundaries of the outputs, so that no two
+    threads write one line."""
+    v0 = min(phase % 8, R)
+    r8 = v0 + (R - v0) // 8 * 8
+    n = r8 - v0
+    wb = _W if n >= 4 * _W else max(64, ((n + 3) // 4 + 15) // 16 * 16)
+    line = min(phase, r8)
+    return v0, r8, line, wb, max(1, (r8 - line + wb - 1) // wb)
 
 
 @njit(inline="always")
-def _tm_unit(bb, R, phase, r8, wb, nb):
+def _tm_unit(bb, R, v0, r8, line, wb, nb):
     """Unit ``bb``: ``(c0, c1, lo, hi)``, its vector columns ``c0 .. c1 − 1``
     and all its columns ``lo .. hi − 1`` (the first unit also takes the
-    columns before ``phase``, the last those after ``r8``)."""
-    c0 = phase + np.int64(bb) * wb
-    c1 = min(c0 + wb, r8)
+    columns before ``v0``, the last those after ``r8``)."""
+    c0 = v0 if bb == 0 else line + np.int64(bb) * wb
+    c1 = min(line + (np.int64(bb) + 1) * wb, r8)
     return c0, c1, 0 if bb == 0 else c0, R if bb == nb - 1 else c1
 
 
@@ -1075,17 +1079,17 @@ def gae_timemajor_lanes(rewards, values, next_values, has_next, term, has_term, 
     """:func:`gae_timemajor` (plain or with terminations) and
     :func:`gae_timemajor_next` (``has_next``: ``term`` and ``trunc`` both read)
     on float32 ``(T, R)`` arrays, eight columns per SIMD vector from column
-    ``phase`` on: each step of them one vector load per array and one vector
-    store per output, non-temporal with ``stream`` (the caller guarantees
-    that column ``phase`` of every row of ``adv`` and ``ret`` starts a
-    32-byte aligned vector).  The flags it reads must have consecutive
-    columns.  The first ``phase`` columns and the last ``(R − phase) % 8``
-    run one at a time.  The steps of :func:`_gstep` and :func:`_nstep`, so
-    the same bits as those kernels."""
+    ``phase % 8`` on: each step of them one vector load per array and one
+    vector store per output, non-temporal with ``stream`` (the caller
+    guarantees that column ``phase`` of every row of ``adv`` and ``ret``
+    starts a 64-byte line, :func:`_tm_split`).  The flags it reads must
+    have consecutive columns.  The first ``phase % 8`` columns and the last
+    ``(R − phase % 8) % 8`` run one at a time.  The steps of :func:`_gstep`
+    and :func:`_nstep`, so the same bits as those kernels."""
     T, R = rewards.shape
-    phase, r8, wb, nb = _tm_split(R, phase)
+    v0, r8, line, wb, nb = _tm_split(R, phase)
     for bb in prange(nb):
-        c0, c1, lo, hi = _tm_unit(bb, R, phase, r8, wb, nb)
+        c0, c1, lo, hi = _tm_unit(bb, R, v0, r8, line, wb, nb)
         an = np.empty(hi - lo, _f8)
         vn = np.empty(hi - lo, np.float32)
         gg = np.empty(hi - lo, np.float32)
@@ -1128,15 +1132,15 @@ _tmret_plain = scan_block("returns", True, has_term=False, prefetch=_TM_PREFETCH
         parallel=True)
 def scan_timemajor_lanes(a, b, reverse, initial, phase, stream, out):
     """:func:`scan_tm` on float32 ``(T, R)`` C-contiguous arrays, eight columns
-    per SIMD vector from column ``phase`` on (:func:`scan_block`), written
-    by non-temporal stores with ``stream`` (the caller guarantees that
-    column ``phase`` of every row of ``out`` starts a 32-byte aligned
-    vector); the columns before and after run one at a time.  The step of
-    :func:`_scan_at`, so the same bits as :func:`scan_tm`."""
+    per SIMD vector from column ``phase % 8`` on (:func:`scan_block`),
+    written by non-temporal stores with ``stream`` (the caller guarantees
+    that column ``phase`` of every row of ``out`` starts a 64-byte line,
+    :func:`_tm_split`); the columns before and after run one at a time.
+    The step of :func:`_scan_at`, so the same bits as :func:`scan_tm`."""
     T, R = b.shape
-    phase, r8, wb, nb = _tm_split(R, phase)
+    v0, r8, line, wb, nb = _tm_split(R, phase)
     for bb in prange(nb):
-        c0, c1, lo, hi = _tm_unit(bb, R, phase, r8, wb, nb)
+        c0, c1, lo, hi = _tm_unit(bb, R, v0, r8, line, wb, nb)
         y = np.empty(hi - lo, _f8)
         for k in range(hi - lo):
             y[k] = initial[lo + k]
@@ -1174,9 +1178,9 @@ def returns_timemajor_lanes(rewards, term, has_term, gcol, bound, phase, stream,
     as in :func:`scan_timemajor_lanes`.  The step of :func:`_ret_at`, so the
     same bits as :func:`returns_tm`."""
     T, R = rewards.shape
-    phase, r8, wb, nb = _tm_split(R, phase)
+    v0, r8, line, wb, nb = _tm_split(R, phase)
     for bb in prange(nb):
-        c0, c1, lo, hi = _tm_unit(bb, R, phase, r8, wb, nb)
+        c0, c1, lo, hi = _tm_unit(bb, R, v0, r8, line, wb, nb)
         G = np.empty(hi - lo, _f8)
         gg = np.empty(hi - lo, np.float32)
         for k in range(hi - lo):
