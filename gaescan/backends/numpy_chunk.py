@@ -57,7 +57,8 @@ def _serial(xp: Any, a: Coeff, b: Any, init: Any) -> Any:
     return y
 
 
-def _const_scan(xp: Any, ar: Any, b: Any, init: Any, C: int, out: Any, finite_only: bool) -> Any:
+def _const_scan(xp: Any, ar: Any, b: Any, init: Any, C: int, out: Any, finite_only: bool,
+                scratch: bool = False) -> Any:
     """:func:`reverse_scan` with the constant decay ``ar`` (``T > C``), by the chunk matmul.
 
     The kernel's zeros below the diagonal multiply the steps a row of the chunk
@@ -66,6 +67,12 @@ def _const_scan(xp: Any, ar: Any, b: Any, init: Any, C: int, out: Any, finite_on
     ``None`` as soon as it meets a non-finite chunk head or ``init`` (a chunk's
     head weighs every step of the chunk, so it is finite exactly when they all
     are, barring overflow), before anything depends on them.
+
+    With ``finite_only`` and a ``b`` the scan may overwrite (``scratch``, or
+    a padded copy), the carries go into the chunks before the product: the
+    heads come from one matrix-vector product, and adding ``a·carry`` to each
+    chunk's last ``b`` makes the product itself add ``a^(C − i)·carry`` at
+    step ``i``, with no pass over the result afterwards.
     """
     R, T = b.shape
     dtype = b.dtype
@@ -76,6 +83,18 @@ def _const_scan(xp: Any, ar: Any, b: Any, init: Any, C: int, out: Any, finite_on
     expo = xp.arange(C)[None, :] - xp.arange(C)[:, None]
     K = xp.where(expo >= 0, ar ** xp.maximum(expo, 0).astype(dtype), dtype.type(0)).astype(dtype)
     into_out = out is not None and pad == 0 and out.flags.c_contiguous
+    wide = _wide(dtype)
+    if finite_only and (scratch or pad):
+        heads = xp.matmul(b3, K[0])
+        if not (xp.isfinite(heads).all() and xp.isfinite(init).all()):
+            return None
+        y_heads = reverse_scan(xp, float(wide.type(ar) ** C), heads.astype(wide), init.astype(wide), C)
+        carry = xp.concatenate([y_heads[:, 1:], init[:, None]], axis=1)
+        b3[:, :, C - 1] += (float(ar) * carry).astype(dtype)
+        if into_out:
+            xp.matmul(b3.reshape(R * nC, C), K.T, out=out.reshape(R * nC, C))
+            return out
+        return xp.matmul(b3.reshape(R * nC, C), K.T).reshape(R, nC * C)[:, pad:]
     if into_out:
         local = out.reshape(R, nC, C)
         xp.matmul(b3.reshape(R * nC, C), K.T, out=local.reshape(R * nC, C))
@@ -86,7 +105,6 @@ def _const_scan(xp: Any, ar: Any, b: Any, init: Any, C: int, out: Any, finite_on
         return None
     # The carry pass runs in float64 (on T / C numbers): a float32 a^C, raised
     # again at every level, would round the same way each time and drift.
-    wide = _wide(dtype)
     y_heads = reverse_scan(xp, float(wide.type(ar) ** C), heads.astype(wide), init.astype(wide), C)
     carry = xp.concatenate([y_heads[:, 1:], init[:, None]], axis=1).astype(dtype)
     decay = ar ** xp.arange(C, 0, -1).astype(dtype)  # a^(C - i)
@@ -134,7 +152,7 @@ def _pad_front(xp: Any, x: Any, n: int) -> Any:
     return xp.concatenate([head, x], axis=1)
 
 
-def reverse_scan(xp: Any, a: Coeff, b: Any, init: Any, chunk: int, out: Any = None) -> Any:
+def reverse_scan(xp: Any, a: Coeff, b: Any, init: Any, chunk: int, out: Any = None, scratch: bool = False) -> Any:
     """Solve ``y_t = a_t y_{t+1} + b_t`` (``y_T = init``) along axis 1 of ``(R, T)`` arrays.
 
     A zero ``a_t`` is a select (``y_t = b_t``), never a multiplication by zero.
@@ -152,6 +170,8 @@ def reverse_scan(xp: Any, a: Coeff, b: Any, init: Any, chunk: int, out: Any = No
     out : array, optional
         A C-contiguous ``(R, T)`` buffer the result may be written into
         (used when the chunks tile ``T`` exactly); check ``result is out``.
+    scratch : bool
+        Whether ``b`` is the caller's scratch, which the scan may overwrite.
     """
     R, T = b.shape
     dtype = b.dtype
@@ -161,7 +181,7 @@ def reverse_scan(xp: Any, a: Coeff, b: Any, init: Any, chunk: int, out: Any = No
         return _serial(xp, a, b, init)
     if isinstance(a, float):
         if xp is np and math.isfinite(a):
-            y = _const_scan(xp, dtype.type(a), b, init, chunk, out, finite_only=True)
+            y = _const_scan(xp, dtype.type(a), b, init, chunk, out, finite_only=True, scratch=scratch)
             if y is not None:
                 return y
         if math.isfinite(a):
@@ -395,7 +415,7 @@ def _gae(p: GAEProblem) -> None:
                 delta = _fold_end(xp, rows, frame, frame.at_ends(carry), decay, done, valid, delta)
         decay = _cut(xp, rows, decay, done, valid, frame)
         adv = reverse_scan(xp, decay, delta, init, _chunk(),
-                           out=p.advantages if valid is None else None)
+                           out=p.advantages if valid is None else None, scratch=True)
         if adv is not p.advantages:
             _finish(xp, adv, valid, p.advantages)
         _finish(xp, adv, valid, p.returns, plus=v)
