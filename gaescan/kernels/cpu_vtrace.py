@@ -40,7 +40,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ._lanes import log_ratios_outside, sfence, vtrace_lanes_block
-from .cpu import _CU, Kernel, _pair, _ro
+from .cpu import _CU, Kernel, _lane_span, _pair, _ro
 
 _FLOATS = (types.float32, types.float64)
 _f8 = np.float64
@@ -386,15 +386,19 @@ def vtrace_fused(r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, car
 
 # --------------------------------------------------------------------------- eight rows in SIMD lanes
 #
-# Float32 batch-major rows contiguous along time, plain or with terminations
-# (no next_values), scalar or per-row γ and λ: eight rows per SIMD register in
+# Float32 batch-major rows contiguous along time, plain, with terminations or
+# with next_values, scalar or per-row γ and λ: eight rows per SIMD register in
 # blocks of 16 steps (:func:`gaescan.kernels._lanes.vtrace_lanes_block`), with no
 # scratch: the terms, the exponential, the chain and both outputs of a block
 # stay in registers.  A block whose log-ratios all lie in [-87, 88] computes
 # the exponential (within one float32 ulp), the bracket and the advantage in
-# float32 and only δ, the decay and the trace in float64: float64 operations
-# bound the kernel on CPUs that split 256-bit operations.  Its results are
-# within the contract's tolerance of vtrace_fused's, not the same bits.
+# float32 and only δ, the decay and the trace in float64 (or float32, see
+# ``state32``): float64 operations bound the kernel on CPUs that split 256-bit
+# operations.  Its results are within the contract's tolerance of
+# vtrace_fused's, not the same bits.  Large outputs are written as GAE's lanes
+# kernels write theirs: blocks from the outputs' first 64-byte line, by
+# non-temporal stores (see vtrace_lanes).  Time-major arrays take the same
+# terms in 4-step blocks (vtrace_timemajor_lanes).
 
 _LANE_STEPS = 16
 _vlanes_term = vtrace_lanes_block(True, _LANE_STEPS)
@@ -476,17 +480,6 @@ def _lane_group_heads(r, v, lr, nv, has_next, d, has_term, tr, lcol, rb, cb, pb,
                    rb, cb, pb, vs, adv)
 
 
-@njit(inline="always")
-def _block_span(T, phase, stream):
-    """``(h0, nb, tb, nt)``: the blocks' first step ``h0`` (``phase``, or 0 where
-    the row is shorter than ``phase + 16``), their count, the step after the
-    last one, and whether they stream (``stream``, where they start at
-    ``phase``)."""
-    h0 = phase if phase + _LANE_STEPS <= T else 0
-    nb = (T - h0) // _LANE_STEPS
-    return h0, nb, h0 + _LANE_STEPS * nb, stream and h0 == phase
-
-
 @_kernel([types.void(_ro(_F4T, 2), _ro(_F4T, 2), _ro(_F4T, 2), _ro(types.uint8, 2), types.boolean,
                      _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), types.float64, types.float64,
                      types.float64, types.boolean, types.int64, types.boolean, types.Array(_F4T, 2, "A"),
@@ -525,7 +518,7 @@ def vtrace_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, cb, pb, st
     (:func:`gaescan.backends.vtrace_numba._state32`).
     """
     R, T = r.shape
-    h0, nb, tb, nt = _block_span(T, phase, stream)
+    h0, nb, tb, nt = _lane_span(T, phase, stream)
     for grp in prange(R // 8):
         i0 = grp * 8
         sx, sv, g8, gl8 = _lane_group_tails(r, v, lr, v, False, d, has_term, d, gcol, lcol, bound, carry,
@@ -558,7 +551,7 @@ def vtrace_lanes_next(r, v, lr, nv, d, tr, gcol, lcol, carry, rb, cb, pb, state3
     bootstrap of each step is ``nv``'s, so ``last_value`` is not read.
     ``phase`` and ``stream`` as in :func:`vtrace_lanes`."""
     R, T = r.shape
-    h0, nb, tb, nt = _block_span(T, phase, stream)
+    h0, nb, tb, nt = _lane_span(T, phase, stream)
     for grp in prange(R // 8):
         i0 = grp * 8
         sx, sv, g8, gl8 = _lane_group_tails(r, v, lr, nv, True, d, True, tr, gcol, lcol, carry, carry,
