@@ -95,6 +95,15 @@ def _state32(rows: Any, p: VTraceProblem, gcol: np.ndarray, lcol: np.ndarray) ->
     return p.rho_bar <= 1.0 and _narrow(rows, p.gamma, p.lam, p.c_bar, cols=(gcol, lcol, None))
 
 
+def _lanes_stream(p: VTraceProblem) -> tuple[int, bool]:
+    """``(phase, stream)`` of the batch-major lanes kernels: where both outputs
+    may stream (:func:`gaescan.backends.numba_cpu._stream`), their blocks start
+    at the outputs' first line and write by non-temporal stores; elsewhere
+    they start at step 0 and write by ordinary stores."""
+    phase, stream = _stream(p.vs, p.advantages)
+    return (phase if stream else 0), stream
+
+
 def vtrace(p: VTraceProblem) -> None:
     rows = p.rows
     n = rows.R * rows.T
@@ -128,10 +137,9 @@ def vtrace(p: VTraceProblem) -> None:
                     carry, p.rho_bar, p.c_bar, p.pg_rho_bar, p.vs.T, p.advantages.T)
             elif _lanes_next_ok(rows, p, d, tr):
                 # next_values with both flag arrays: eight rows at a time in SIMD lanes.
-                phase, stream = _stream(p.vs, p.advantages)
                 k.vtrace_lanes_next(r, values, lr, nv, d, tr, gcol, lcol, carry, p.rho_bar, p.c_bar,
-                                    p.pg_rho_bar, _state32(rows, p, gcol, lcol), phase if stream else 0, stream,
-                                    p.vs, p.advantages)
+                                    p.pg_rho_bar, _state32(rows, p, gcol, lcol), *_lanes_stream(p), p.vs,
+                                    p.advantages)
                 r8 = rows.R - rows.R % 8
                 if r8 < rows.R:
                     s = slice(r8, None)
@@ -139,10 +147,8 @@ def vtrace(p: VTraceProblem) -> None:
                                    bound[s], carry[s], p.rho_bar, p.c_bar, p.pg_rho_bar, p.vs[s], p.advantages[s])
             elif _lanes_ok(rows, p, d):
                 # Eight rows at a time in SIMD lanes, the last R % 8 rows in pairs.
-                phase, stream = _stream(p.vs, p.advantages)
                 k.vtrace_lanes(r, values, lr, d, has_term, gcol, lcol, bound, carry, p.rho_bar, p.c_bar,
-                               p.pg_rho_bar, _state32(rows, p, gcol, lcol), phase if stream else 0, stream,
-                               p.vs, p.advantages)
+                               p.pg_rho_bar, _state32(rows, p, gcol, lcol), *_lanes_stream(p), p.vs, p.advantages)
                 r8 = rows.R - rows.R % 8
                 if r8 < rows.R:
                     s = slice(r8, None)
