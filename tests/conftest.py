@@ -333,3 +333,14 @@ def assert_unchanged(kw: dict, snap: dict):
         now = kw[k]
         assert now.dtype == before.dtype, k
         np.testing.assert_array_equal(now, before, err_msg=f"input {k!r} was modified", strict=True)
+
+
+def aligned_rows_out(R, T, row_items, offset):
+    """Two float32 ``(R, T)`` views, NaN-filled, whose rows are ``row_items``
+    apart, each row's step 0 ``offset`` items past a 64-byte boundary."""
+    outs = []
+    for _ in range(2):
+        buf = np.full(R * row_items + 64, np.nan, np.float32)
+        skip = (-buf.__array_interface__["data"][0] % 64) // 4 + offset
+        outs.append(buf[skip:skip + R * row_items].reshape(R, row_items)[:, :T])
+    return outs

@@ -6,7 +6,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from conftest import one_thread_and_all, run_in_threads
+from conftest import aligned_rows_out, one_thread_and_all, run_in_threads
 
 import gaescan
 import gaescan.testing as gt
@@ -1128,17 +1128,6 @@ def test_packed_lanes_long_sequences(build_spy, monkeypatch, gamma, lam):
 # start their 64-byte lines at one step): the same bits as ordinary stores.
 
 
-def _aligned_out(R, T, row_items, offset):
-    """Two float32 ``(R, T)`` views whose rows are ``row_items`` apart, each
-    row's step 0 ``offset`` items past a 64-byte boundary."""
-    outs = []
-    for _ in range(2):
-        buf = np.full(R * row_items + 64, np.nan, np.float32)
-        skip = (-buf.__array_interface__["data"][0] % 64) // 4 + offset
-        outs.append(buf[skip:skip + R * row_items].reshape(R, row_items)[:, :T])
-    return outs
-
-
 @pytest.mark.parametrize("case", ["plain", "dones", "mask", "next"])
 @pytest.mark.parametrize("T,offset", [(131, 0), (131, 5), (20, 7), (16, 3), (61, 15)])
 def test_streaming_rows_give_the_same_bits(monkeypatch, case, T, offset):
@@ -1155,7 +1144,7 @@ def test_streaming_rows_give_the_same_bits(monkeypatch, case, T, offset):
     monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
     plain = gaescan.gae(r, v, backend="numba", **kw)
     monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 0)
-    out = _aligned_out(R, T, T + (-T) % 16 + 16, offset)
+    out = aligned_rows_out(R, T, T + (-T) % 16 + 16, offset)
     assert numba_cpu._stream(*out) == ((16 - offset) % 16, True)
     got = gaescan.gae(r, v, backend="numba", out=tuple(out), **kw)
     assert _same_bits(got, plain)
@@ -1170,7 +1159,7 @@ def test_streaming_packed_gives_the_same_bits(monkeypatch, case, offset):
     r, v, kw = _packed_case(case, _packed_lengths(np.random.default_rng(offset), 60), offset)
     plain = gaescan.gae(r, v, gamma=0.99, lam=0.95, backend="numba", **kw)
     monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 0)
-    out = [x[0] for x in _aligned_out(1, len(r), len(r), offset)]
+    out = [x[0] for x in aligned_rows_out(1, len(r), len(r), offset)]
     assert numba_cpu._stream(*out)[1]
     got = gaescan.gae(r, v, gamma=0.99, lam=0.95, backend="numba", out=tuple(out), **kw)
     assert _same_bits(got, plain)
@@ -1178,10 +1167,10 @@ def test_streaming_packed_gives_the_same_bits(monkeypatch, case, offset):
 
 def test_streaming_needs_aligned_rows(monkeypatch):
     monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 0)
-    a, b = _aligned_out(4, 40, 48, 2)
+    a, b = aligned_rows_out(4, 40, 48, 2)
     assert numba_cpu._stream(a, b) == (14, True)
-    assert numba_cpu._stream(*_aligned_out(4, 40, 44, 2)) == (14, False)    # rows 176 bytes apart
-    c, _ = _aligned_out(4, 40, 48, 3)
+    assert numba_cpu._stream(*aligned_rows_out(4, 40, 44, 2)) == (14, False)    # rows 176 bytes apart
+    c, _ = aligned_rows_out(4, 40, 48, 3)
     assert numba_cpu._stream(a, c) == (14, False)                            # lines start at other steps
     assert numba_cpu._stream(a[:1], c[:1]) == (14, False)
     assert numba_cpu._stream(a[:, 4:], b[:, 4:]) == (10, True)
@@ -1399,7 +1388,7 @@ def test_scan_and_returns_lanes_stream_with_the_same_bits(build_spy, monkeypatch
         monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 1 << 62)
         want = call()
         monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 0)
-        out = _aligned_out(R, T, T + (-T) % 16 + 16, offset)[0]
+        out = aligned_rows_out(R, T, T + (-T) % 16 + 16, offset)[0]
         assert numba_cpu._stream(out, out) == ((16 - offset) % 16, True)
         build_spy.clear()
         many, one = one_thread_and_all(lambda call=call, out=out: call(out=out).copy())

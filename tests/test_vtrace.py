@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 from conftest import (
     FLAG_MODES,
+    aligned_rows_out,
     assert_close,
     assert_unchanged,
     assert_zero_where,
     flag_kwargs,
+    one_thread_and_all,
     random_cu_seqlens,
     random_data,
     random_flags,
@@ -602,23 +604,10 @@ def test_lanes_kernel_wide_log_ratios_take_the_float64_exponential(monkeypatch):
 # run one row at a time with the fused kernel's operations.
 
 
-def _aligned_out(R, T, row_items, offset):
-    """Two float32 ``(R, T)`` views whose rows are ``row_items`` apart, each
-    row's step 0 ``offset`` items past a 64-byte boundary."""
-    outs = []
-    for _ in range(2):
-        buf = np.full(R * row_items + 64, np.nan, np.float32)
-        skip = (-buf.__array_interface__["data"][0] % 64) // 4 + offset
-        outs.append(buf[skip:skip + R * row_items].reshape(R, row_items)[:, :T])
-    return outs
-
-
 @pytest.mark.parametrize("case", ["plain", "dones", "next"])
 @pytest.mark.parametrize("R,T,offset", [(8, 16, 3), (8, 48, 0), (17, 48, 5), (9, 160, 7), (16, 64, 15),
                                         (24, 2048, 11), (17, 131, 5)])
 def test_lanes_kernel_streams_from_the_outputs_phase(monkeypatch, case, R, T, offset):
-    import numba
-
     from gaescan.backends import numba_cpu, vtrace_numba
     from gaescan.kernels import cpu
 
@@ -646,19 +635,13 @@ def test_lanes_kernel_streams_from_the_outputs_phase(monkeypatch, case, R, T, of
     monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 0)
 
     def run():
-        return gaescan.vtrace(**kw, backend="numba", out=tuple(_aligned_out(R, T, T, offset)))
+        return gaescan.vtrace(**kw, backend="numba", out=tuple(aligned_rows_out(R, T, T, offset)))
 
     # Rows a multiple of 64 bytes apart stream; others take the end-anchored blocks.
     phase = (16 - offset) % 16 if T % 16 == 0 else 0
     h0 = phase if phase + 16 <= T else 0
-    got = run()
-    assert args == [(phase, T % 16 == 0)]
-    n = numba.get_num_threads()
-    try:
-        numba.set_num_threads(1)
-        one = run()
-    finally:
-        numba.set_num_threads(n)
+    got, one = one_thread_and_all(run)
+    assert args == [(phase, T % 16 == 0)] * 2
     ordinary.append(True)
     assert _vt_same_bits(got, one) and _vt_same_bits(got, run())
     with monkeypatch.context() as m:

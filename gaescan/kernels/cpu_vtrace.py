@@ -421,6 +421,20 @@ _F4T = types.float32
 
 
 @njit(inline="always", fastmath=_FM)
+def _step(rt, vt, lrt, tm, g, gl, vn, x, rb, cb, pb):
+    """One step without next values, the operations of :func:`vtrace_fused`:
+    ``(D, vs, advantage)`` from the trace ``x`` and the value ``vn`` after it
+    (``tm``: a termination, which takes no bootstrap and no carry)."""
+    e = _exp(lrt)
+    w = rt - vt if tm else g * vn + rt - vt
+    cw = 0.0 if tm else gl * _clip(cb, e)
+    xm = 0.0 if tm else x
+    a = _clip(pb, e) * (g * xm + w)
+    x = cw * xm + _clip(rb, e) * w
+    return x, vt + x, a
+
+
+@njit(inline="always", fastmath=_FM)
 def _row_steps(r, v, lr, nv, has_next, d, has_term, tr, g, lam, i, hi, lo, x, vn, rb, cb, pb, vs, adv):
     """Steps ``hi - 1`` down to ``lo`` of row ``i``, one at a time (the
     operations of :func:`vtrace_fused`, so its bits), from the trace ``x`` and
@@ -433,15 +447,7 @@ def _row_steps(r, v, lr, nv, has_next, d, has_term, tr, g, lam, i, hi, lo, x, vn
             x, o, a = _core(_f8(r[i, t]), vt, _f8(lr[i, t]), _f8(nv[i, t]), g, lam, tm, tm or tr[i, t] != 0,
                             rb, cb, pb, x)
         else:
-            rt = _f8(r[i, t])
-            e = _exp(_f8(lr[i, t]))
-            tm = has_term and d[i, t] != 0
-            w = rt - vt if tm else g * vn + rt - vt
-            cw = 0.0 if tm else gl * _clip(cb, e)
-            xm = 0.0 if tm else x
-            a = _clip(pb, e) * (g * xm + w)
-            x = cw * xm + _clip(rb, e) * w
-            o = vt + x
+            x, o, a = _step(_f8(r[i, t]), vt, _f8(lr[i, t]), has_term and d[i, t] != 0, g, gl, vn, x, rb, cb, pb)
         vs[i, t] = np.float32(o)
         adv[i, t] = np.float32(a)
         vn = vt
@@ -642,16 +648,9 @@ def _tm_column_steps(r, v, lr, d, has_term, c, t_end, t_stop, g, gl, x, vn, rb, 
     arrays, one at a time (the operations of :func:`vtrace_fused`); returns
     the trace and the value after them."""
     for t in range(t_end - 1, t_stop - 1, -1):
-        rt = _f8(r[t, c])
         vt = _f8(v[t, c])
-        e = _exp(_f8(lr[t, c]))
-        tm = has_term and d[t, c] != 0
-        w = rt - vt if tm else g * vn + rt - vt
-        cw = 0.0 if tm else gl * _clip(cb, e)
-        xm = 0.0 if tm else x
-        a = _clip(pb, e) * (g * xm + w)
-        x = cw * xm + _clip(rb, e) * w
-        vs[t, c] = np.float32(vt + x)
+        x, o, a = _step(_f8(r[t, c]), vt, _f8(lr[t, c]), has_term and d[t, c] != 0, g, gl, vn, x, rb, cb, pb)
+        vs[t, c] = np.float32(o)
         adv[t, c] = np.float32(a)
         vn = vt
     return x, vn
