@@ -112,6 +112,49 @@ def _const_scan(xp: Any, ar: Any, b: Any, init: Any, C: int, out: Any, finite_on
     return out if into_out else local.reshape(R, nC * C)[:, pad:]
 
 
+def _cut_scan(b: np.ndarray, done: np.ndarray, ar: float, init: np.ndarray, C: int,
+              out: np.ndarray | None) -> np.ndarray:
+    """:func:`reverse_scan` on host arrays with the decay ``ar`` at every step
+    but 0 (a select) where ``done`` is set, for a ``b`` the scan may overwrite.
+
+    Chunks without a done take the chunk matmul with the carry folded in
+    (:func:`_const_scan`); the chunks that hold one, and those whose head is
+    not finite (a NaN or an infinity inside, which the matmul's zeros would
+    spread), gathered, take ``C`` vectorised steps, whose selects keep a NaN
+    inside its episode.  A chunk's head does not depend on its carry-in where
+    a done cuts it off, so the heads of all chunks come first, then the carry
+    pass, then the product and the gathered chunks' steps with their carries.
+    Which way a chunk goes depends on its own inputs only, so a NaN changes
+    no bit outside its episode.
+    """
+    R, T = b.shape
+    dtype = b.dtype
+    nC = -(-T // C)
+    pad = nC * C - T
+    b3 = _pad_front(np, b, pad).reshape(R, nC, C)
+    d3 = _pad_front(np, done, pad).reshape(R, nC, C)
+    a = dtype.type(ar)
+    expo = np.arange(C)[None, :] - np.arange(C)[:, None]
+    K = np.where(expo >= 0, a ** np.maximum(expo, 0).astype(dtype), dtype.type(0)).astype(dtype)
+    cut = d3.any(axis=2)
+    heads = np.matmul(b3, K[0])
+    steps = cut | ~np.isfinite(heads)
+    ri, ci = np.nonzero(steps)
+    bc, ac = b3[ri, ci], np.where(d3[ri, ci], dtype.type(0), a)
+    heads[ri, ci] = _serial(np, ac, bc, np.zeros(len(ri), dtype))[:, 0]
+    wide = _wide(dtype)
+    decay_c = np.where(cut, wide.type(0), wide.type(a) ** C)
+    y_heads = reverse_scan(np, decay_c, heads.astype(wide), init.astype(wide), C)
+    carry = np.concatenate([y_heads[:, 1:], init[:, None]], axis=1)
+    b3[:, :, C - 1] += np.where(steps, 0.0, float(a) * carry).astype(dtype)
+    into_out = out is not None and pad == 0 and out.flags.c_contiguous
+    y = out if into_out else np.empty((R, nC * C), dtype)
+    y3 = y.reshape(R, nC, C)
+    np.matmul(b3.reshape(R * nC, C), K.T, out=y3.reshape(R * nC, C))
+    y3[ri, ci] = _serial(np, ac, bc, carry[ri, ci].astype(dtype))
+    return y if into_out else y[:, pad:]
+
+
 def _const_scan_nonfinite(xp: Any, ar: Any, b: Any, init: Any, C: int, out: Any) -> Any:
     """:func:`_const_scan` for inputs that may hold NaN or infinities.
 
@@ -413,9 +456,15 @@ def _gae(p: GAEProblem) -> None:
                 init = carry
             else:
                 delta = _fold_end(xp, rows, frame, frame.at_ends(carry), decay, done, valid, delta)
-        decay = _cut(xp, rows, decay, done, valid, frame)
-        adv = reverse_scan(xp, decay, delta, init, _chunk(),
-                           out=p.advantages if valid is None else None, scratch=True)
+        C = _chunk()
+        if (xp is np and isinstance(decay, float) and decay != 0 and math.isfinite(decay) and done is not None
+                and valid is None and frame.last is None and rows.T > C):
+            # Constant decay cut at dones: the chunk matmul where no done falls.
+            adv = _cut_scan(delta, done, decay, init, C, p.advantages)
+        else:
+            decay = _cut(xp, rows, decay, done, valid, frame)
+            adv = reverse_scan(xp, decay, delta, init, C,
+                               out=p.advantages if valid is None else None, scratch=True)
         if adv is not p.advantages:
             _finish(xp, adv, valid, p.advantages)
         _finish(xp, adv, valid, p.returns, plus=v)
