@@ -513,9 +513,16 @@ def _returns(p: ReturnsProblem) -> None:
         if frame.last is not None:
             # G past a segment end is its last_value: fold it into b at the end step.
             b = _fold_end(xp, rows, frame, frame.after, _typed(_coeff(p.gamma, rows), dt), dn, valid, b)
-        decay = _cut(xp, rows, _coeff(p.gamma, rows), dn, valid, frame)
-        y = reverse_scan(xp, decay, b, frame.init, _chunk())
-        _finish(xp, y, valid, p.returns)
+        gamma, C = _coeff(p.gamma, rows), _chunk()
+        if (xp is np and isinstance(gamma, float) and gamma != 0 and math.isfinite(gamma) and dn is not None
+                and valid is None and frame.last is None and rows.T > C):
+            # Constant γ cut at dones: the chunk matmul where no done falls, on a copy of
+            # the rewards (the scan overwrites its b).
+            y = _cut_scan(np.array(b, dtype=dt), dn, gamma, frame.init, C, p.returns)
+        else:
+            y = reverse_scan(xp, _cut(xp, rows, gamma, dn, valid, frame), b, frame.init, C)
+        if y is not p.returns:
+            _finish(xp, y, valid, p.returns)
 
 
 def _scan(p: ScanProblem) -> None:
