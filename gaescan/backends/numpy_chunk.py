@@ -57,6 +57,13 @@ def _serial(xp: Any, a: Coeff, b: Any, init: Any) -> Any:
     return y
 
 
+def _chunk_kernel(xp: Any, a: Any, C: int, dtype: np.dtype) -> Any:
+    """The ``C × C`` matrix ``K[i, j] = a^(j − i)`` for ``j ≥ i``, else 0: row
+    ``i`` of a chunk's product sums its future."""
+    expo = xp.arange(C)[None, :] - xp.arange(C)[:, None]
+    return xp.where(expo >= 0, a ** xp.maximum(expo, 0).astype(dtype), dtype.type(0)).astype(dtype)
+
+
 def _const_scan(xp: Any, ar: Any, b: Any, init: Any, C: int, out: Any, finite_only: bool,
                 scratch: bool = False) -> Any:
     """:func:`reverse_scan` with the constant decay ``ar`` (``T > C``), by the chunk matmul.
@@ -79,9 +86,7 @@ def _const_scan(xp: Any, ar: Any, b: Any, init: Any, C: int, out: Any, finite_on
     nC = -(-T // C)
     pad = nC * C - T
     b3 = _pad_front(xp, b, pad).reshape(R, nC, C)
-    # K[i, j] = a^(j - i) for j >= i: row i of the chunk sums its future.
-    expo = xp.arange(C)[None, :] - xp.arange(C)[:, None]
-    K = xp.where(expo >= 0, ar ** xp.maximum(expo, 0).astype(dtype), dtype.type(0)).astype(dtype)
+    K = _chunk_kernel(xp, ar, C, dtype)
     into_out = out is not None and pad == 0 and out.flags.c_contiguous
     wide = _wide(dtype)
     if finite_only and (scratch or pad):
@@ -134,8 +139,7 @@ def _cut_scan(b: np.ndarray, done: np.ndarray, ar: float, init: np.ndarray, C: i
     b3 = _pad_front(np, b, pad).reshape(R, nC, C)
     d3 = _pad_front(np, done, pad).reshape(R, nC, C)
     a = dtype.type(ar)
-    expo = np.arange(C)[None, :] - np.arange(C)[:, None]
-    K = np.where(expo >= 0, a ** np.maximum(expo, 0).astype(dtype), dtype.type(0)).astype(dtype)
+    K = _chunk_kernel(np, a, C, dtype)
     cut = d3.any(axis=2)
     heads = np.matmul(b3, K[0])
     steps = cut | ~np.isfinite(heads)
