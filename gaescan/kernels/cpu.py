@@ -978,11 +978,7 @@ def gae_lanes(rewards, values, next_values, has_next, term, has_term, trunc, mas
     a 32-byte aligned vector.
     """
     R, T = rewards.shape
-    h0 = phase if phase + _LANE_STEPS <= T else 0
-    # Blocks that do not start at ``phase`` are not aligned for streaming.
-    nt = stream and h0 == phase
-    nb = (T - h0) // _LANE_STEPS
-    tb = h0 + _LANE_STEPS * nb
+    h0, nb, tb, nt = _lane_span(T, phase, stream)
     zero = np.float32(0)
     for grp in prange(R // 8):
         i0 = grp * 8
