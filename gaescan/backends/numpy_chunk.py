@@ -76,30 +76,19 @@ def _const_scan(xp: Any, ar: Any, b: Any, init: Any, C: int, out: Any, finite_on
     are, barring overflow), before anything depends on them.
 
     With ``finite_only`` and a ``b`` the scan may overwrite (``scratch``, or
-    a padded copy), the carries go into the chunks before the product: the
-    heads come from one matrix-vector product, and adding ``a·carry`` to each
-    chunk's last ``b`` makes the product itself add ``a^(C − i)·carry`` at
-    step ``i``, with no pass over the result afterwards.
+    a padded copy), :func:`_cut_scan` without dones runs it: the carries go
+    into the chunks before the product, with no pass over the result
+    afterwards.
     """
     R, T = b.shape
     dtype = b.dtype
     nC = -(-T // C)
     pad = nC * C - T
+    if finite_only and (scratch or pad):
+        return _cut_scan(b, None, ar, init, C, out, finite_only=True)
     b3 = _pad_front(xp, b, pad).reshape(R, nC, C)
     K = _chunk_kernel(xp, ar, C, dtype)
     into_out = out is not None and pad == 0 and out.flags.c_contiguous
-    wide = _wide(dtype)
-    if finite_only and (scratch or pad):
-        heads = xp.matmul(b3, K[0])
-        if not (xp.isfinite(heads).all() and xp.isfinite(init).all()):
-            return None
-        y_heads = reverse_scan(xp, float(wide.type(ar) ** C), heads.astype(wide), init.astype(wide), C)
-        carry = xp.concatenate([y_heads[:, 1:], init[:, None]], axis=1)
-        b3[:, :, C - 1] += (float(ar) * carry).astype(dtype)
-        if into_out:
-            xp.matmul(b3.reshape(R * nC, C), K.T, out=out.reshape(R * nC, C))
-            return out
-        return xp.matmul(b3.reshape(R * nC, C), K.T).reshape(R, nC * C)[:, pad:]
     if into_out:
         local = out.reshape(R, nC, C)
         xp.matmul(b3.reshape(R * nC, C), K.T, out=local.reshape(R * nC, C))
@@ -110,6 +99,7 @@ def _const_scan(xp: Any, ar: Any, b: Any, init: Any, C: int, out: Any, finite_on
         return None
     # The carry pass runs in float64 (on T / C numbers): a float32 a^C, raised
     # again at every level, would round the same way each time and drift.
+    wide = _wide(dtype)
     y_heads = reverse_scan(xp, float(wide.type(ar) ** C), heads.astype(wide), init.astype(wide), C)
     carry = xp.concatenate([y_heads[:, 1:], init[:, None]], axis=1).astype(dtype)
     decay = ar ** xp.arange(C, 0, -1).astype(dtype)  # a^(C - i)
@@ -117,37 +107,50 @@ def _const_scan(xp: Any, ar: Any, b: Any, init: Any, C: int, out: Any, finite_on
     return out if into_out else local.reshape(R, nC * C)[:, pad:]
 
 
-def _cut_scan(b: np.ndarray, done: np.ndarray, ar: float, init: np.ndarray, C: int,
-              out: np.ndarray | None) -> np.ndarray:
+def _cut_scan(b: np.ndarray, done: np.ndarray | None, ar: Any, init: np.ndarray, C: int,
+              out: np.ndarray | None, finite_only: bool = False) -> np.ndarray | None:
     """:func:`reverse_scan` on host arrays with the decay ``ar`` at every step
-    but 0 (a select) where ``done`` is set, for a ``b`` the scan may overwrite.
+    but 0 (a select) where ``done`` is set (none where it is ``None``), for a
+    ``b`` the scan may overwrite.
 
-    Chunks without a done take the chunk matmul with the carry folded in
-    (:func:`_const_scan`); the chunks that hold one, and those whose head is
-    not finite (a NaN or an infinity inside, which the matmul's zeros would
-    spread), gathered, take ``C`` vectorised steps, whose selects keep a NaN
-    inside its episode.  A chunk's head does not depend on its carry-in where
-    a done cuts it off, so the heads of all chunks come first, then the carry
-    pass, then the product and the gathered chunks' steps with their carries.
+    The heads of all chunks come first, from one matrix-vector product; then
+    the carry pass; then each chunk's carry-in goes into its last ``b``
+    (``b + a·carry``), so that the chunk matmul itself adds ``a^(C − i)·carry``
+    at step ``i``, with no pass over the result afterwards.  The chunks that
+    hold a done, and those whose head is not finite (a NaN or an infinity
+    inside, which the matmul's zeros would spread), gathered, take ``C``
+    vectorised steps instead, whose selects keep a NaN inside its episode; a
+    done cuts a chunk's head off its carry-in, so their heads need none.
     Which way a chunk goes depends on its own inputs only, so a NaN changes
-    no bit outside its episode.
+    no bit outside its episode.  With ``finite_only`` the scan returns
+    ``None`` instead, before writing anything the caller sees, where a head
+    or ``init`` is not finite (:func:`_const_scan`).
     """
     R, T = b.shape
     dtype = b.dtype
     nC = -(-T // C)
     pad = nC * C - T
     b3 = _pad_front(np, b, pad).reshape(R, nC, C)
-    d3 = _pad_front(np, done, pad).reshape(R, nC, C)
     a = dtype.type(ar)
     K = _chunk_kernel(np, a, C, dtype)
-    cut = d3.any(axis=2)
     heads = np.matmul(b3, K[0])
-    steps = cut | ~np.isfinite(heads)
-    ri, ci = np.nonzero(steps)
-    bc, ac = b3[ri, ci], np.where(d3[ri, ci], dtype.type(0), a)
-    heads[ri, ci] = _serial(np, ac, bc, np.zeros(len(ri), dtype))[:, 0]
+    steps = ~np.isfinite(heads)
+    if finite_only and (steps.any() or not np.isfinite(init).all()):
+        return None
     wide = _wide(dtype)
-    decay_c = np.where(cut, wide.type(0), wide.type(a) ** C)
+    if done is None:
+        decay_c: Coeff = float(wide.type(a) ** C)
+        ri, ci = np.nonzero(steps)
+        ac = np.full((len(ri), C), a, dtype)
+    else:
+        d3 = _pad_front(np, done, pad).reshape(R, nC, C)
+        cut = d3.any(axis=2)
+        decay_c = np.where(cut, wide.type(0), wide.type(a) ** C)
+        steps |= cut
+        ri, ci = np.nonzero(steps)
+        ac = np.where(d3[ri, ci], dtype.type(0), a)
+    bc = b3[ri, ci]
+    heads[ri, ci] = _serial(np, ac, bc, np.zeros(len(ri), dtype))[:, 0]
     y_heads = reverse_scan(np, decay_c, heads.astype(wide), init.astype(wide), C)
     carry = np.concatenate([y_heads[:, 1:], init[:, None]], axis=1)
     b3[:, :, C - 1] += np.where(steps, 0.0, float(a) * carry).astype(dtype)
@@ -157,6 +160,14 @@ def _cut_scan(b: np.ndarray, done: np.ndarray, ar: float, init: np.ndarray, C: i
     np.matmul(b3.reshape(R * nC, C), K.T, out=y3.reshape(R * nC, C))
     y3[ri, ci] = _serial(np, ac, bc, carry[ri, ci].astype(dtype))
     return y if into_out else y[:, pad:]
+
+
+def _cut_scan_ok(rows: Rows, decay: Coeff, done: Any | None, valid: Any | None, frame: _Frame) -> bool:
+    """Whether :func:`_cut_scan` serves a GAE or returns problem: host rows
+    longer than a chunk, a constant nonzero finite decay cut by dones, no mask
+    and no packing."""
+    return (rows.xp is np and isinstance(decay, float) and decay != 0 and math.isfinite(decay)
+            and done is not None and valid is None and frame.last is None and rows.T > _chunk())
 
 
 def _const_scan_nonfinite(xp: Any, ar: Any, b: Any, init: Any, C: int, out: Any) -> Any:
@@ -460,14 +471,12 @@ def _gae(p: GAEProblem) -> None:
                 init = carry
             else:
                 delta = _fold_end(xp, rows, frame, frame.at_ends(carry), decay, done, valid, delta)
-        C = _chunk()
-        if (xp is np and isinstance(decay, float) and decay != 0 and math.isfinite(decay) and done is not None
-                and valid is None and frame.last is None and rows.T > C):
+        if _cut_scan_ok(rows, decay, done, valid, frame):
             # Constant decay cut at dones: the chunk matmul where no done falls.
-            adv = _cut_scan(delta, done, decay, init, C, p.advantages)
+            adv = _cut_scan(delta, done, decay, init, _chunk(), p.advantages)
         else:
             decay = _cut(xp, rows, decay, done, valid, frame)
-            adv = reverse_scan(xp, decay, delta, init, C,
+            adv = reverse_scan(xp, decay, delta, init, _chunk(),
                                out=p.advantages if valid is None else None, scratch=True)
         if adv is not p.advantages:
             _finish(xp, adv, valid, p.advantages)
@@ -517,14 +526,13 @@ def _returns(p: ReturnsProblem) -> None:
         if frame.last is not None:
             # G past a segment end is its last_value: fold it into b at the end step.
             b = _fold_end(xp, rows, frame, frame.after, _typed(_coeff(p.gamma, rows), dt), dn, valid, b)
-        gamma, C = _coeff(p.gamma, rows), _chunk()
-        if (xp is np and isinstance(gamma, float) and gamma != 0 and math.isfinite(gamma) and dn is not None
-                and valid is None and frame.last is None and rows.T > C):
+        gamma = _coeff(p.gamma, rows)
+        if _cut_scan_ok(rows, gamma, dn, valid, frame):
             # Constant γ cut at dones: the chunk matmul where no done falls, on a copy of
             # the rewards (the scan overwrites its b).
-            y = _cut_scan(np.array(b, dtype=dt), dn, gamma, frame.init, C, p.returns)
+            y = _cut_scan(np.array(b, dtype=dt), dn, gamma, frame.init, _chunk(), p.returns)
         else:
-            y = reverse_scan(xp, _cut(xp, rows, gamma, dn, valid, frame), b, frame.init, C)
+            y = reverse_scan(xp, _cut(xp, rows, gamma, dn, valid, frame), b, frame.init, _chunk())
         if y is not p.returns:
             _finish(xp, y, valid, p.returns)
 
