@@ -486,6 +486,35 @@ def _lane_group_heads(r, v, lr, nv, has_next, d, has_term, tr, lcol, rb, cb, pb,
                    rb, cb, pb, vs, adv)
 
 
+@njit(inline="always")
+def _lane_group(r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, carry, rb, cb, pb, state32,
+                h0, nb, tb, nt, vs, adv, i0):
+    """Rows ``i0 .. i0 + 7`` of :func:`vtrace_lanes` or, with ``has_next``,
+    :func:`vtrace_lanes_next`: the steps from ``tb`` on one row at a time,
+    the ``nb`` blocks from the end (``nv`` and ``tr`` read only with
+    ``has_next``), the steps before ``h0`` one row at a time, and a store
+    fence after non-temporal stores (``nt``)."""
+    sx, sv, g8, gl8 = _lane_group_tails(r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, carry,
+                                        rb, cb, pb, vs, adv, i0, tb)
+    for b in range(nb):
+        t0 = tb - _LANE_STEPS * (b + 1)
+        if has_next and state32:
+            _vlanes32_next(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, tr, nt, False)
+        elif has_next:
+            _vlanes_next(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, tr, nt, False)
+        elif has_term and state32:
+            _vlanes32_term(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt, False)
+        elif has_term:
+            _vlanes_term(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt, False)
+        elif state32:
+            _vlanes32_plain(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt, False)
+        else:
+            _vlanes_plain(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt, False)
+    _lane_group_heads(r, v, lr, nv, has_next, d, has_term, tr, lcol, rb, cb, pb, vs, adv, i0, h0, sx, sv, g8)
+    if nt:
+        sfence()
+
+
 @_kernel([types.void(_ro(_F4T, 2), _ro(_F4T, 2), _ro(_F4T, 2), _ro(types.uint8, 2), types.boolean,
                      _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), _ro(_F4T, 1), types.float64, types.float64,
                      types.float64, types.boolean, types.int64, types.boolean, types.Array(_F4T, 2, "A"),
@@ -526,22 +555,8 @@ def vtrace_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, cb, pb, st
     R, T = r.shape
     h0, nb, tb, nt = _lane_span(T, phase, stream)
     for grp in prange(R // 8):
-        i0 = grp * 8
-        sx, sv, g8, gl8 = _lane_group_tails(r, v, lr, v, False, d, has_term, d, gcol, lcol, bound, carry,
-                                            rb, cb, pb, vs, adv, i0, tb)
-        for b in range(nb):
-            t0 = tb - _LANE_STEPS * (b + 1)
-            if has_term and state32:
-                _vlanes32_term(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt, False)
-            elif has_term:
-                _vlanes_term(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt, False)
-            elif state32:
-                _vlanes32_plain(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt, False)
-            else:
-                _vlanes_plain(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt, False)
-        _lane_group_heads(r, v, lr, v, False, d, has_term, d, lcol, rb, cb, pb, vs, adv, i0, h0, sx, sv, g8)
-        if nt:
-            sfence()
+        _lane_group(r, v, lr, v, False, d, has_term, d, gcol, lcol, bound, carry, rb, cb, pb, state32,
+                    h0, nb, tb, nt, vs, adv, grp * 8)
 
 
 @_kernel([types.void(_ro(_F4T, 2), _ro(_F4T, 2), _ro(_F4T, 2), _ro(_F4T, 2), _ro(types.uint8, 2),
@@ -559,18 +574,8 @@ def vtrace_lanes_next(r, v, lr, nv, d, tr, gcol, lcol, carry, rb, cb, pb, state3
     R, T = r.shape
     h0, nb, tb, nt = _lane_span(T, phase, stream)
     for grp in prange(R // 8):
-        i0 = grp * 8
-        sx, sv, g8, gl8 = _lane_group_tails(r, v, lr, nv, True, d, True, tr, gcol, lcol, carry, carry,
-                                            rb, cb, pb, vs, adv, i0, tb)
-        for b in range(nb):
-            t0 = tb - _LANE_STEPS * (b + 1)
-            if state32:
-                _vlanes32_next(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, tr, nt, False)
-            else:
-                _vlanes_next(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, tr, nt, False)
-        _lane_group_heads(r, v, lr, nv, True, d, True, tr, lcol, rb, cb, pb, vs, adv, i0, h0, sx, sv, g8)
-        if nt:
-            sfence()
+        _lane_group(r, v, lr, nv, True, d, True, tr, gcol, lcol, carry, carry, rb, cb, pb, state32,
+                    h0, nb, tb, nt, vs, adv, grp * 8)
 
 
 # --------------------------------------------------------------------------- time-major fast path
