@@ -290,19 +290,21 @@ def _rows(xp: Any, plan: Plan, c: dict[str, Any], axis: Any) -> Rows:
     return v.make_rows(xp, plan.dtype, plan.layout, cu)
 
 
-def _outputs(xp: Any, plan: Plan, out: Any, count: int, c: dict[str, Any]) -> tuple[list, list, list]:
+def _outputs(xp: Any, plan: Plan, out: Any, count: int, c: dict[str, Any],
+             line_offset: int | None = None) -> tuple[list, list, list]:
     """The caller's arrays, the rows a backend writes, and the ``Output`` records
-    needing a copy back (checks of ``out=`` on every call)."""
+    needing a copy back (checks of ``out=`` on every call).  ``line_offset``:
+    where large NumPy outputs this call allocates start (:func:`gaescan._validate.empty`)."""
     layout, dtype = plan.layout, plan.dtype
     if out is None:
         if plan.flat or plan.last:
             shape = layout.shape
-            arrays = [xp.empty(shape, dtype) for _ in range(count)]
+            arrays = [v.empty(xp, shape, dtype, line_offset) for _ in range(count)]
             if plan.flat:
                 return arrays, arrays, []
             shape = (layout.R, layout.T)
             return arrays, [a.reshape(shape) for a in arrays], []
-        outs = v.outputs(xp, None, count, layout, dtype, ())
+        outs = v.outputs(xp, None, count, layout, dtype, (), line_offset)
     else:
         outs = v.outputs(xp, out, count, layout, dtype, list(c.items()))
     return [o.array for o in outs], [o.rows for o in outs], [o for o in outs if o.scratch]

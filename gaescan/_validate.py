@@ -314,6 +314,23 @@ class Output:
     scratch: bool  # rows is a separate buffer to copy back into array
 
 
+# Allocated outputs from this size up start where ``line_offset`` asks (see empty).
+PLACED_MIN_BYTES = 1 << 20
+
+
+def empty(xp: Any, shape: tuple, dtype: np.dtype, line_offset: int | None = None) -> Any:
+    """An uninitialised C-contiguous array; with ``line_offset``, a NumPy array
+    of ``PLACED_MIN_BYTES`` or more starts that many bytes past a 64-byte
+    line, whatever the allocator gives (which places arrays of some sizes at
+    varying offsets)."""
+    n = math.prod(shape) * np.dtype(dtype).itemsize
+    if line_offset is None or xp is not np or n < PLACED_MIN_BYTES:
+        return xp.empty(shape, dtype=dtype)
+    buf = np.empty(n + 64, np.uint8)
+    skip = (line_offset - buf.__array_interface__["data"][0]) % 64
+    return buf[skip:skip + n].view(dtype).reshape(shape)
+
+
 def outputs(
     xp: Any,
     out: Any,
@@ -321,10 +338,12 @@ def outputs(
     layout: Layout,
     dtype: np.dtype,
     inputs: Sequence[tuple[str, Any]],
+    line_offset: int | None = None,
 ) -> list[Output]:
-    """Allocate (or check the caller's ``out=``) and build writable row views."""
+    """Allocate (or check the caller's ``out=``) and build writable row views;
+    ``line_offset``: see :func:`empty`."""
     if out is None:
-        arrays = [xp.empty(layout.shape, dtype=dtype) for _ in range(count)]
+        arrays = [empty(xp, layout.shape, dtype, line_offset) for _ in range(count)]
     else:
         arrays = list(out) if count > 1 else [out]
         if count > 1 and (isinstance(out, (str, bytes)) or len(arrays) != count):

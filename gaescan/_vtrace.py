@@ -303,7 +303,12 @@ def _run(xp: Any, name: str, c: dict[str, Any], axis: Any, out: Any, rho_bar: An
     batch = plan.layout.batch_shape if cu is None else (rows.nseg,)
     lv = d._boundary(xp, lv, "last_value", plan, batch, rows.nseg)
     lt = d._boundary(xp, lt, "last_trace", plan, batch, rows.nseg)
-    arrays, views, scratch = d._outputs(xp, plan, out, 2, c)
+    # The batch-major float32 lanes kernels start their blocks where the outputs'
+    # 64-byte lines start, and their last bits depend on where that is: outputs
+    # allocated here start 16 bytes past a line (where NumPy places most large
+    # arrays, so that the inputs' loads align too), so that the same inputs give
+    # the same bits on every call (gaescan.backends.vtrace_numba._lanes_stream).
+    arrays, views, scratch = d._outputs(xp, plan, out, 2, c, line_offset=16)
     if rows.R and rows.T:
         if dones is not None:
             term = dones

@@ -654,6 +654,46 @@ def test_lanes_kernel_streams_from_the_outputs_phase(monkeypatch, case, R, T, of
     assert_close(got.advantages, ref.advantages, np.float32)
 
 
+def _placed(x, offset):
+    """A copy of ``x`` whose data starts ``offset`` bytes past a 64-byte line."""
+    buf = np.empty(x.nbytes + 64, np.uint8)
+    skip = (offset - buf.__array_interface__["data"][0]) % 64
+    y = buf[skip:skip + x.nbytes].view(x.dtype).reshape(x.shape)
+    y[...] = x
+    return y
+
+
+def test_lanes_kernel_bits_do_not_depend_on_where_the_inputs_lie(monkeypatch):
+    # The blocks start where the outputs' lines start; outputs this call allocates
+    # start 16 bytes past a line, wherever the inputs lie: the same bits every call.
+    from gaescan import _validate
+    from gaescan.backends import numba_cpu, vtrace_numba
+    from gaescan.kernels import cpu
+
+    monkeypatch.setattr(vtrace_numba, "SERIAL_MAX_STEPS", 0)
+    monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(_validate, "PLACED_MIN_BYTES", 0)
+    streams = []
+    real_call = cpu.Kernel.__call__
+    monkeypatch.setattr(cpu.Kernel, "__call__",
+                        lambda self, *a: (streams.append(a[-4:-2]) if self.__name__ == "vtrace_lanes" else None,
+                                          real_call(self, *a))[1])
+    rng = np.random.default_rng(12)
+    R, T = 24, 2048
+    kw = dict(rewards=random_data(rng, (R, T), np.float32), values=random_data(rng, (R, T), np.float32),
+              log_rhos=log_ratios(rng, (R, T)), dones=rng.random((R, T)) < 0.01)
+    results = []
+    for offset in (0, 4, 16, 28, 48):
+        res = gaescan.vtrace(**{k: _placed(x, offset) for k, x in kw.items()}, gamma=0.99, backend="numba")
+        assert all(x.ctypes.data % 64 == 16 for x in res)
+        results.append(res)
+    assert streams == [(12, True)] * 5
+    assert all(_vt_same_bits(results[0], x) for x in results[1:])
+    ref = gt.vtrace(**kw, gamma=0.99)
+    assert_close(results[0].vs, ref.vs, np.float32)
+    assert_close(results[0].advantages, ref.advantages, np.float32)
+
+
 # The lanes kernels carry the trace in float32 where GAE's kernels would carry
 # theirs (γλc̄ at most F32_STATE_MAX_DECAY) and ρ̄ <= 1; elsewhere in float64, which
 # the limit forced below every decay gives everywhere.

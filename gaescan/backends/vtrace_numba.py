@@ -99,7 +99,10 @@ def _lanes_stream(p: VTraceProblem) -> tuple[int, bool]:
     """``(phase, stream)`` of the batch-major lanes kernels: where both outputs
     may stream (:func:`gaescan.backends.numba_cpu._stream`), their blocks start
     at the outputs' first line and write by non-temporal stores; elsewhere
-    they start at step 0 and write by ordinary stores."""
+    they start at step 0 and write by ordinary stores.  The blocks round
+    differently from the steps outside them, so the last bits follow the
+    outputs' offset within a line: outputs that :func:`gaescan.vtrace`
+    allocates always start 16 bytes past one."""
     phase, stream = _stream(p.vs, p.advantages)
     return (phase if stream else 0), stream
 
