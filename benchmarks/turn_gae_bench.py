@@ -1,6 +1,6 @@
 """CPU benchmark of :func:`gaescan.turn_gae` against the memory limit.
 
-Run: ``python benchmarks/turn_gae_bench.py [--repeat N] [--B B] [--T T] [--turns K] [--numpy]``.
+Run: ``python benchmarks/turn_gae_bench.py [--repeat N] [--B B] [--T T] [--turns K] [--numpy] [--stream-ab]``.
 
 Prints medians beside a Numba ``prange`` STREAM triad over the same element
 count, measured in the same run (see ``benchmarks/cpu_bench.py``).  Turn-level
@@ -11,6 +11,11 @@ against a triad run alternating with the case's runs (both under the same
 machine load).  A case with a bool mask (tool
 observation spans, 1 byte more per token) and token-level GAE (16 bytes per
 step) run on the same inputs for comparison.
+
+``--stream-ab`` adds the kernel's output stores side by side: the same
+calls with non-temporal stores (outputs of ``numba_cpu.STREAM_MIN_BYTES``
+and up, the default) and with ordinary stores (the threshold raised), the
+two alternating call by call for ``--repeat`` rounds, in one process.
 """
 
 from __future__ import annotations
@@ -50,6 +55,31 @@ def _interleaved(f, N, rep):
     return float(np.median(tt)) / float(np.median(ts)) / 12
 
 
+def _stream_ab(cases, rep):
+    """Medians (and quartiles) of each case with non-temporal and with ordinary
+    output stores, timed alternately, and their ratio per round."""
+    from gaescan.backends import numba_cpu
+
+    default = numba_cpu.STREAM_MIN_BYTES
+    times = {(name, s): [] for name, _ in cases for s in (False, True)}
+    try:
+        for _ in range(rep):
+            for name, f in cases:
+                for s in (False, True):
+                    numba_cpu.STREAM_MIN_BYTES = default if s else 1 << 62
+                    t0 = time.perf_counter()
+                    f()
+                    times[name, s].append(time.perf_counter() - t0)
+    finally:
+        numba_cpu.STREAM_MIN_BYTES = default
+    print(f"output stores, alternating call by call, {rep} rounds: median [25th, 75th percentile] in ms")
+    for name, _ in cases:
+        o, n = (np.array(times[name, s]) * 1e3 for s in (False, True))
+        print(f"  {name:48s} ordinary {np.median(o):6.2f} [{np.percentile(o, 25):.2f}, "
+              f"{np.percentile(o, 75):.2f}]  non-temporal {np.median(n):6.2f} [{np.percentile(n, 25):.2f}, "
+              f"{np.percentile(n, 75):.2f}]  ordinary/non-temporal {np.median(o / n):.2f}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=7)
@@ -57,6 +87,8 @@ def main(argv=None):
     ap.add_argument("--T", type=int, default=32768)
     ap.add_argument("--turns", type=int, default=64)
     ap.add_argument("--numpy", action="store_true", help="also time backend='numpy' (slow)")
+    ap.add_argument("--stream-ab", action="store_true",
+                    help="also non-temporal against ordinary output stores, alternating")
     args = ap.parse_args(argv)
     B, T, K, rep = args.B, args.T, args.turns, args.repeat
     N = B * T
@@ -98,6 +130,8 @@ def main(argv=None):
         tab.add(f"turn_gae [{B}, {T}] f32, backend='numpy'", t, 20, N, bw)
     print(machine())
     tab.print()
+    if args.stream_ab:
+        _stream_ab([(name, f) for name, _, _, f in cases[:2]], max(rep, 25))
 
 
 if __name__ == "__main__":

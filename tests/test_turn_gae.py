@@ -277,6 +277,48 @@ def test_out(backend, rng):
         gaescan.turn_gae(**{**kw, "rewards": adv}, out=(adv, ret), backend=backend)
 
 
+def _placed_rows(R, T, dtype, offset):
+    """A NaN-filled ``(R, T)`` array of ``dtype`` whose data starts ``offset``
+    items past a 64-byte line (rows ``T`` items apart)."""
+    size = np.dtype(dtype).itemsize
+    buf = np.full(R * T + 128 // size, np.nan, dtype)
+    skip = (-buf.__array_interface__["data"][0] % 64) // size + offset
+    return buf[skip:skip + R * T].reshape(R, T)
+
+
+# Outputs of numba_cpu.STREAM_MIN_BYTES and up: each turn's span is written by
+# non-temporal stores from its first 32-byte aligned vector, the elements
+# around those by ordinary stores.  Rows of 203 items start at every offset
+# within a line, turns are 1 to 200 tokens long, and the two outputs start at
+# different offsets: the bits must be those of ordinary stores.
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("offsets", [(0, 0), (1, 6), (7, 3), (5, 2)])
+def test_streamed_spans_give_the_bits_of_ordinary_stores(rng, monkeypatch, dtype, masked, offsets):
+    from gaescan.backends import numba_cpu, turn_gae_numba
+
+    R, T = 9, 203
+    kw = case(rng, R, T, dtype=dtype, turns=None if masked else 40, spans=4, garbage=masked)
+    if not masked:
+        kw["mask"] = None
+    kw["rewards"][3, 50] = np.nan  # stays inside its turn
+    plain = gaescan.turn_gae(**kw, backend="numba")
+    streamed = []
+    real = turn_gae_numba._stream
+    monkeypatch.setattr(turn_gae_numba, "_stream", lambda a, b: streamed.append(real(a, b)) or streamed[-1])
+    monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 0)
+    out = tuple(_placed_rows(R, T, dtype, o) for o in offsets)
+    res = gaescan.turn_gae(**kw, backend="numba", out=out)
+    assert streamed == [True]
+    for got, want in zip(res, plain, strict=True):
+        assert np.array_equal(got, want, equal_nan=True)
+    ref = gt.turn_gae(**kw)
+    ok = np.ones((R, T), bool)
+    ok[3] = False
+    assert_close(res.advantages[ok], ref.advantages[ok], dtype)
+    assert_close(res.returns[ok], ref.returns[ok], dtype)
+
+
 def test_auto_is_numba(rng):
     kw = case(rng, 3, 40)
     a = gaescan.turn_gae(**kw)

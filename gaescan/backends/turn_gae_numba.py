@@ -12,7 +12,9 @@ per row.  Row views whose tokens are not adjacent in memory (time-major,
 ``axis=0``) are copied to contiguous rows (and the outputs back), an O(R·T)
 cost each: a walk along such a row would use one element of each cache line
 it loads.  Below ``SERIAL_MAX_STEPS`` steps a call runs on the calling
-thread: waking the thread pool costs more than the work.
+thread: waking the thread pool costs more than the work.  Outputs of
+``numba_cpu.STREAM_MIN_BYTES`` and up, their tokens adjacent, are written by
+non-temporal stores (see :mod:`gaescan.kernels.cpu_turn`).
 
 The kernel flags each row whose ids decrease along time at valid tokens;
 the first such row is reported with :func:`gaescan._turn_gae.decreasing_ids`
@@ -27,6 +29,7 @@ import numpy as np
 
 from .._turn_gae import TurnGAEProblem, decreasing_ids
 from ..kernels import cpu_turn as k
+from . import numba_cpu
 from .numba_cpu import SERIAL_MAX_STEPS, _const_col, _data, _flag
 
 _SERIAL: dict[Any, Any] = {}
@@ -46,6 +49,15 @@ def _col(c: Any, n: int, dtype: np.dtype) -> np.ndarray:
     if isinstance(c, float):
         return _const_col(c, n, dtype)
     return c.astype(dtype, copy=False)
+
+
+def _stream(adv: np.ndarray, ret: np.ndarray) -> bool:
+    """Whether the kernel may write the outputs' aligned vectors by
+    non-temporal stores: each output ``numba_cpu.STREAM_MIN_BYTES`` or more (a smaller
+    one is likely still in cache when the caller reads it), its tokens
+    adjacent in memory and its items aligned to their size."""
+    return all(a.nbytes >= numba_cpu.STREAM_MIN_BYTES and a.strides[1] == a.itemsize
+               and a.__array_interface__["data"][0] % a.itemsize == 0 for a in (adv, ret))
 
 
 def _strided(a: np.ndarray) -> bool:
@@ -82,7 +94,7 @@ def turn_gae(p: TurnGAEProblem) -> None:
     bad = np.zeros(rows.R, dtype=np.uint8)
     _kernel(kernel, rows.R * rows.T, dt)(
         r, v, ids, mask, _col(p.gamma, rows.R, dt), _col(p.lam, rows.R, dt),
-        _col(p.last_value, rows.R, dt), bad, dt.type(0), adv, ret)
+        _col(p.last_value, rows.R, dt), bad, _stream(adv, ret), dt.type(0), adv, ret)
     if adv is not p.advantages:
         p.advantages[...] = adv
         p.returns[...] = ret

@@ -204,6 +204,57 @@ def sfence(typingctx):
     return sig, codegen
 
 
+@intrinsic
+def data_address(typingctx, a):
+    """The address of an array's first element, as an integer (``intp``)."""
+    sig = types.intp(a)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        return builder.ptrtoint(ary.data, context.get_value_type(types.intp))
+
+    return sig, codegen
+
+
+@intrinsic
+def stream_fill(typingctx, out, t, value, mask):
+    """``out[t : t + n] = value`` by one non-temporal 32-byte store, where
+    ``n = 32 // out.itemsize``; with a ``mask`` (a 1-D uint8 array, ``None``
+    for none) the elements whose ``mask[t + j]`` is 0 get ``+0.0`` instead.
+
+    ``out`` is a 1-D float array whose elements ``t .. t + n − 1`` are
+    adjacent in memory and start at a 32-byte aligned address (the caller
+    checks both); the store bypasses the caches, so a fill the caller does
+    not read next moves each line to memory once, with no read for
+    ownership.  The caller runs :func:`sfence` before its thread finishes.
+    """
+    sig = types.void(out, t, value, mask)
+    masked = mask != types.none
+
+    def codegen(context, builder, signature, args):
+        ft = context.get_value_type(signature.args[0].dtype)
+        n = 32 // context.get_abi_sizeof(ft)
+        vt = ir.VectorType(ft, n)
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        idx = context.cast(builder, args[1], signature.args[1], types.intp)
+        ptr = builder.bitcast(builder.gep(ary.data, [idx]), vt.as_pointer())
+        x = context.cast(builder, args[2], signature.args[2], signature.args[0].dtype)
+        vec = builder.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
+        vec = builder.shuffle_vector(vec, ir.Constant(vt, ir.Undefined),
+                                     ir.Constant(ir.VectorType(ir.IntType(32), n), [0] * n))
+        if masked:
+            m = context.make_array(signature.args[3])(context, builder, args[3])
+            mt = ir.VectorType(ir.IntType(8), n)
+            keep = builder.load(builder.bitcast(builder.gep(m.data, [idx]), mt.as_pointer()), align=1)
+            keep = builder.icmp_unsigned("!=", keep, ir.Constant(mt, [0] * n))
+            vec = builder.select(keep, vec, ir.Constant(vt, [0.0] * n))
+        st = builder.store(vec, ptr, align=32)
+        st.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = False,
                 has_mask: bool = False, packed: bool = False, time_major: bool = False,
                 prefetch: int = 0) -> Any:

@@ -20,8 +20,12 @@ another id, or there is none), the turn is closed: ``U_k`` is the value at
 its first token, ``A_k = R_k + γ U_{k+1} − U_k + γλ A_{k+1}``, and one
 vectorised loop writes ``A_k`` and ``A_k + U_k`` over the turn's span (its
 first valid token up to the next turn's), 0 at its masked tokens; the span
-was read a moment before and is still in cache.  Masked tokens before a
-row's first turn are written 0 at the end.  The state (the reward sums,
+was read a moment before and is still in cache.  Where the outputs are
+large (the caller's ``stream``), the fill writes each span's 32-byte aligned
+vectors by non-temporal stores (:func:`~gaescan.kernels._lanes.stream_fill`):
+the caller does not read them next, and a streamed line costs memory one
+write and no read for ownership; the same values, so the same bits.  Masked
+tokens before a row's first turn are written 0 at the end.  The state (the reward sums,
 ``U`` and ``A``) is float64 whatever the output dtype; each output is rounded
 once, on store.  The walk issues no software prefetches (a prefetching
 build of the batch-major kernels is not faster, see
@@ -42,6 +46,7 @@ import numpy as np
 from numba import njit, prange, types
 
 from . import cpu
+from ._lanes import data_address, sfence, stream_fill
 from .cpu import Kernel
 
 _FLOATS = (types.float32, types.float64)
@@ -103,9 +108,42 @@ def _turn_step(rsum, g, gl, u, u_next, a_next):
 
 
 @njit(inline="always")
-def _fill(m, has_mask, lo, hi, av, rv, zero, a, rt):
-    """``a[lo:hi] = av`` and ``rt[lo:hi] = rv`` at valid tokens, ``zero`` at masked ones."""
+def _fill_one(m, has_mask, lo, hi, x, zero, a):
+    """``a[lo:hi] = x`` at valid tokens, ``zero`` at masked ones, by ordinary stores."""
     if has_mask:
+        for t in range(np.uint64(lo), np.uint64(hi)):
+            a[t] = x if m[t] != 0 else zero
+    else:
+        for t in range(np.uint64(lo), np.uint64(hi)):
+            a[t] = x
+
+
+@njit(inline="always")
+def _stream_one(m, has_mask, lo, hi, x, zero, a):
+    """:func:`_fill_one` with the 32-byte aligned vectors inside ``[lo, hi)``
+    written by non-temporal stores (:func:`~gaescan.kernels._lanes.stream_fill`),
+    the elements before and after them by ordinary stores."""
+    n = 32 // a.itemsize
+    head = min(hi, lo + ((-(data_address(a) + lo * a.itemsize)) & 31) // a.itemsize)
+    _fill_one(m, has_mask, lo, head, x, zero, a)
+    t = head
+    while t + n <= hi:
+        if has_mask:
+            stream_fill(a, t, x, m)
+        else:
+            stream_fill(a, t, x, None)
+        t += n
+    _fill_one(m, has_mask, t, hi, x, zero, a)
+
+
+@njit(inline="always")
+def _fill(m, has_mask, lo, hi, av, rv, zero, a, rt, stream):
+    """``a[lo:hi] = av`` and ``rt[lo:hi] = rv`` at valid tokens, ``zero`` at
+    masked ones; with ``stream``, by non-temporal stores where aligned."""
+    if stream:
+        _stream_one(m, has_mask, lo, hi, av, zero, a)
+        _stream_one(m, has_mask, lo, hi, rv, zero, rt)
+    elif has_mask:
         for t in range(np.uint64(lo), np.uint64(hi)):
             keep = m[t] != 0
             a[t] = av if keep else zero
@@ -117,17 +155,17 @@ def _fill(m, has_mask, lo, hi, av, rv, zero, a, rt):
 
 
 @njit(inline="always")
-def _close(v, m, has_mask, lo, hi, rsum, g, gl, a_next, u_next, zero, a, rt):
+def _close(v, m, has_mask, lo, hi, rsum, g, gl, a_next, u_next, zero, a, rt, stream):
     """Close the turn whose first valid token is ``lo`` and whose valid rewards
     sum to ``rsum``; its span runs up to the next turn's first valid token
     ``hi`` (exclusive).  Writes the span's outputs and returns ``(A_k, U_k)``."""
     u = _f8(v[np.uint64(lo)])
     ak, rk = _turn_step(rsum, g, gl, u, u_next, a_next)
-    _fill(m, has_mask, lo, hi, a.dtype.type(ak), rt.dtype.type(rk), zero, a, rt)
+    _fill(m, has_mask, lo, hi, a.dtype.type(ak), rt.dtype.type(rk), zero, a, rt, stream)
     return ak, u
 
 
-def _turn_gae_rows(rewards, values, ids, mask, gamma, lam, bound, bad, zero, adv, ret):
+def _turn_gae_rows(rewards, values, ids, mask, gamma, lam, bound, bad, stream, zero, adv, ret):
     """Turn-level GAE per row.
 
     Parameters
@@ -143,6 +181,9 @@ def _turn_gae_rows(rewards, values, ids, mask, gamma, lam, bound, bad, zero, adv
         γ, λ and ``last_value`` of each row.
     bad : 1-D uint8 array
         Set to 1 for each row whose ids decrease along time at valid tokens.
+    stream : bool
+        Write the turns' spans by non-temporal stores where 32-byte aligned
+        (rows contiguous along time only: the caller checks).
     zero : float
         0 of the output dtype.
     adv, ret : 2-D float arrays
@@ -185,7 +226,7 @@ def _turn_gae_rows(rewards, values, ids, mask, gamma, lam, bound, bad, zero, adv
                 if found and k != cur:
                     if k > cur:
                         bad[i] = 1
-                    a_next, u_next = _close(v, m, has_mask, lo, hi, rsum, g, gl, a_next, u_next, zero, a, rt)
+                    a_next, u_next = _close(v, m, has_mask, lo, hi, rsum, g, gl, a_next, u_next, zero, a, rt, stream)
                     hi = lo
                     rsum = _f8(0.0)
                 cur = k
@@ -194,11 +235,13 @@ def _turn_gae_rows(rewards, values, ids, mask, gamma, lam, bound, bad, zero, adv
                 rsum += _f8(r[t])
             top = bot
         if found:
-            _close(v, m, has_mask, lo, hi, rsum, g, gl, a_next, u_next, zero, a, rt)
+            _close(v, m, has_mask, lo, hi, rsum, g, gl, a_next, u_next, zero, a, rt, stream)
             hi = lo
         for t in range(np.uint64(hi)):
             a[t] = zero
             rt[t] = zero
+        if stream:
+            sfence()
 
 
 def _ro(dtype: types.Type, ndim: int, layout: str = "A") -> types.Array:
@@ -212,7 +255,7 @@ def _sigs(id_type: types.Type, layout: str) -> list:
         col = _ro(ft, 1)
         res = types.Array(ft, 2, layout)
         out.append(types.void(data, data, _ro(id_type, 2, layout), _ro(types.uint8, 2, layout),
-                              col, col, col, types.Array(types.uint8, 1, "C"), ft, res, res))
+                              col, col, col, types.Array(types.uint8, 1, "C"), types.boolean, ft, res, res))
     return out
 
 
