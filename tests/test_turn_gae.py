@@ -286,9 +286,9 @@ def _placed_rows(R, T, dtype, offset):
     return buf[skip:skip + R * T].reshape(R, T)
 
 
-# Outputs of numba_cpu.STREAM_MIN_BYTES and up: each turn's span is written by
-# non-temporal stores from its first 32-byte aligned vector, the elements
-# around those by ordinary stores.  Rows of 203 items start at every offset
+# Outputs of numba_cpu.STREAM_MIN_BYTES and up: the whole 64-byte lines of each
+# turn's span are written by non-temporal stores, the elements around them by
+# ordinary stores.  Rows of 203 items start at every offset
 # within a line, turns are 1 to 200 tokens long, and the two outputs start at
 # different offsets: the bits must be those of ordinary stores.
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -52,7 +52,7 @@ def _col(c: Any, n: int, dtype: np.dtype) -> np.ndarray:
 
 
 def _stream(adv: np.ndarray, ret: np.ndarray) -> bool:
-    """Whether the kernel may write the outputs' aligned vectors by
+    """Whether the kernel may write the outputs' whole lines by
     non-temporal stores: each output ``numba_cpu.STREAM_MIN_BYTES`` or more (a smaller
     one is likely still in cache when the caller reads it), its tokens
     adjacent in memory and its items aligned to their size."""

@@ -21,10 +21,12 @@ its first token, ``A_k = R_k + γ U_{k+1} − U_k + γλ A_{k+1}``, and one
 vectorised loop writes ``A_k`` and ``A_k + U_k`` over the turn's span (its
 first valid token up to the next turn's), 0 at its masked tokens; the span
 was read a moment before and is still in cache.  Where the outputs are
-large (the caller's ``stream``), the fill writes each span's 32-byte aligned
-vectors by non-temporal stores (:func:`~gaescan.kernels._lanes.stream_fill`):
-the caller does not read them next, and a streamed line costs memory one
-write and no read for ownership; the same values, so the same bits.  Masked
+large (the caller's ``stream``), the fill writes the whole 64-byte lines of
+each span by non-temporal stores (:func:`~gaescan.kernels._lanes.stream_fill`)
+and the lines a span shares with its neighbours by ordinary ones: the
+caller does not read the outputs next, a streamed line costs memory one
+write and no read for ownership, and a line streamed in parts would cost
+more than one through the cache; the same values, so the same bits.  Masked
 tokens before a row's first turn are written 0 at the end.  The state (the reward sums,
 ``U`` and ``A``) is float64 whatever the output dtype; each output is rounded
 once, on store.  The walk issues no software prefetches (a prefetching
@@ -120,26 +122,30 @@ def _fill_one(m, has_mask, lo, hi, x, zero, a):
 
 @njit(inline="always")
 def _stream_one(m, has_mask, lo, hi, x, zero, a):
-    """:func:`_fill_one` with the 32-byte aligned vectors inside ``[lo, hi)``
-    written by non-temporal stores (:func:`~gaescan.kernels._lanes.stream_fill`),
-    the elements before and after them by ordinary stores."""
+    """:func:`_fill_one` with the whole 64-byte lines inside ``[lo, hi)``
+    written by non-temporal stores (two of
+    :func:`~gaescan.kernels._lanes.stream_fill` each), the elements before and
+    after them by ordinary stores: a line that a span shares with its
+    neighbour goes through the cache, so no line reaches memory by parts."""
     n = 32 // a.itemsize
-    head = min(hi, lo + ((-(data_address(a) + lo * a.itemsize)) & 31) // a.itemsize)
+    head = min(hi, lo + ((-(data_address(a) + lo * a.itemsize)) & 63) // a.itemsize)
     _fill_one(m, has_mask, lo, head, x, zero, a)
     t = head
-    while t + n <= hi:
+    while t + 2 * n <= hi:
         if has_mask:
             stream_fill(a, t, x, m)
+            stream_fill(a, t + n, x, m)
         else:
             stream_fill(a, t, x, None)
-        t += n
+            stream_fill(a, t + n, x, None)
+        t += 2 * n
     _fill_one(m, has_mask, t, hi, x, zero, a)
 
 
 @njit(inline="always")
 def _fill(m, has_mask, lo, hi, av, rv, zero, a, rt, stream):
     """``a[lo:hi] = av`` and ``rt[lo:hi] = rv`` at valid tokens, ``zero`` at
-    masked ones; with ``stream``, by non-temporal stores where aligned."""
+    masked ones; with ``stream``, whole lines by non-temporal stores."""
     if stream:
         _stream_one(m, has_mask, lo, hi, av, zero, a)
         _stream_one(m, has_mask, lo, hi, rv, zero, rt)
@@ -182,8 +188,8 @@ def _turn_gae_rows(rewards, values, ids, mask, gamma, lam, bound, bad, stream, z
     bad : 1-D uint8 array
         Set to 1 for each row whose ids decrease along time at valid tokens.
     stream : bool
-        Write the turns' spans by non-temporal stores where 32-byte aligned
-        (rows contiguous along time only: the caller checks).
+        Write the whole 64-byte lines of the turns' spans by non-temporal
+        stores (rows contiguous along time only: the caller checks).
     zero : float
         0 of the output dtype.
     adv, ret : 2-D float arrays
