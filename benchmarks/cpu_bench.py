@@ -8,7 +8,13 @@ over the same element count, measured in the same run: ``× triad`` is the
 case's effective bandwidth (the bytes one pass must move, counted per step
 in the ``B/step`` column) over the triad's.  The seed's two methods (the
 serial loop over time and the published NumPy chunk-scan, C = 256,
-:mod:`gaescan.bench.baselines`) run on the same inputs.  The first line
+:mod:`gaescan.bench.baselines`) run on the same inputs.  gaescan's cases
+write into ``out=`` buffers allocated once, as a training loop that keeps
+its buffers does; the seed's methods allocate their outputs per call, as
+they are written.  One more row times ``gae`` plain allocating its outputs
+per call, the cost a caller without ``out=`` pays: fresh pages of a large
+array are faulted in and zeroed by the operating system on first touch.
+The first line
 names the machine; ``--threads`` adds the thread-scaling table of the
 ``[256, 131072]`` case.  Results are per machine: commit the output under
 ``benchmarks/results/`` with the CPU model in the file name.
@@ -119,6 +125,9 @@ def main_cases(tab, B, T, rep, rng):
     t_mm = _median(lambda: chunk_scan_gae(np, r, v, 0.99, 0.95, 256), max(1, rep // 2))
     tab.add("  seed: NumPy chunk-scan C=256 (plain)", t_mm, None, None, None,
             f"gae plain is {t_mm / t_plain:.1f}x faster (target >= 15x)")
+    t_alloc = _median(lambda: gaescan.gae(r, v, gamma=0.99, lam=0.95), rep)
+    tab.add("  gae plain, outputs allocated by the call", t_alloc, 16, N, bw,
+            f"{t_mm / t_alloc:.1f}x the chunk-scan (which allocates too)")
     t_np = _median(lambda: gaescan.gae(r, v, gamma=0.99, lam=0.95, backend="numpy"), max(1, rep // 2))
     tab.add("  gaescan backend='numpy' (plain)", t_np, 16, N, bw,
             f"{t_ser / t_np:.1f}x the serial loop (target >= 5x)")
