@@ -288,9 +288,9 @@ def _placed_rows(R, T, dtype, offset):
 
 # Outputs of numba_cpu.STREAM_MIN_BYTES and up: the whole 64-byte lines of each
 # turn's span are written by non-temporal stores, the elements around them by
-# ordinary stores.  Rows of 203 items start at every offset
-# within a line, turns are 1 to 200 tokens long, and the two outputs start at
-# different offsets: the bits must be those of ordinary stores.
+# ordinary stores.  Rows of 203 items start at nine offsets within a line,
+# turns are 1 to 200 tokens long, and the two outputs start at different
+# offsets: the bits must be those of ordinary stores.
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("offsets", [(0, 0), (1, 6), (7, 3), (5, 2)])
@@ -301,7 +301,7 @@ def test_streamed_spans_give_the_bits_of_ordinary_stores(rng, monkeypatch, dtype
     kw = case(rng, R, T, dtype=dtype, turns=None if masked else 40, spans=4, garbage=masked)
     if not masked:
         kw["mask"] = None
-    kw["rewards"][3, 50] = np.nan  # stays inside its turn
+    kw["rewards"][3, 50] = np.nan  # reaches its turn and the turns before it in row 3, no other row
     plain = gaescan.turn_gae(**kw, backend="numba")
     streamed = []
     real = turn_gae_numba._stream
