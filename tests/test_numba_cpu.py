@@ -1304,22 +1304,24 @@ def test_time_major_returns_and_scans_stream_only_where_they_may(build_spy, monk
         assert [k for k, _ in build_spy] == [kernel]
 
 
-@pytest.mark.parametrize("R,phase", [(3, 5), (8, 7), (13, 0), (9, 1), (12, 13), (24, 10), (200, 9)])
-def test_time_major_lanes_kernels_take_any_width_and_phase(R, phase):
+@pytest.mark.parametrize("units", [1, 2, 5])
+@pytest.mark.parametrize("R,phase", [(3, 5), (8, 7), (13, 0), (9, 1), (12, 13), (24, 10), (200, 9), (520, 4)])
+def test_time_major_lanes_kernels_take_any_width_and_phase(R, phase, units):
     # called directly, with ordinary stores: narrow batches and phases past the
-    # last column run one column at a time, with the same bits
+    # last column run one column at a time, with the same bits; so does any
+    # split of the columns into units (one per thread)
     rng, r, v, d = _data(23, R, seed=R + phase, p=0.1)
     a = rng.uniform(0.5, 1.0, (23, R)).astype(np.float32)
     z, g, lam = np.zeros(R, np.float32), np.full(R, 0.99, np.float32), np.full(R, 0.9, np.float32)
     d8 = d.view(np.uint8)
     want, got = [np.empty_like(r) for _ in range(2)], [np.empty_like(r) for _ in range(2)]
     cpu.gae_timemajor(r, v, d8, True, g, lam, z, z, *want)
-    cpu.gae_timemajor_lanes(r, v, r, False, d8, True, d8, g, lam, z, z, phase, False, *got)
+    cpu.gae_timemajor_lanes(r, v, r, False, d8, True, d8, g, lam, z, z, phase, False, units, *got)
     assert _same_bits(got, want)
     cpu.scan_tm(a, r, True, z, want[0])
-    cpu.scan_timemajor_lanes(a, r, True, z, phase, False, got[0])
+    cpu.scan_timemajor_lanes(a, r, True, z, phase, False, units, got[0])
     cpu.returns_tm(r, np.broadcast_to(g, (23, R)), d8, np.ones((23, R), np.uint8), z, np.float32(0), want[1])
-    cpu.returns_timemajor_lanes(r, d8, True, g, z, phase, False, got[1])
+    cpu.returns_timemajor_lanes(r, d8, True, g, z, phase, False, units, got[1])
     assert _same_bits(got, want)
 
 

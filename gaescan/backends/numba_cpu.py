@@ -539,7 +539,8 @@ def _gae_fast_time_major(p: GAEProblem, rows: Rows, prep: _Fused, r: np.ndarray,
         tr = None if p.truncated is None else _flag8(p.truncated)
         if stream and term is not None and tr is not None and _time_major(term, tr):
             _run(cpu.gae_timemajor_lanes, prep.narrow)(r.T, v.T, nv.T, True, term.T, True, tr.T, prep.gcol, prep.lcol,
-                                                       prep.bound, prep.carry, phase, True, adv.T, ret.T)
+                                                       prep.bound, prep.carry, phase, True, numba.get_num_threads(),
+                                                       adv.T, ret.T)
             return True
         _run(cpu.gae_timemajor_next, prep.narrow)(r.T, v.T, nv.T, _flag(p.terminated, rows, False).T,
                                                   _flag(p.truncated, rows, False).T, prep.gcol, prep.lcol,
@@ -552,7 +553,7 @@ def _gae_fast_time_major(p: GAEProblem, rows: Rows, prep: _Fused, r: np.ndarray,
         # stores that kernel is no faster than the vectorised loops.
         _run(cpu.gae_timemajor_lanes, prep.narrow)(r.T, v.T, r.T, False, _NO_FLAGS if term is None else term.T,
                                                    term is not None, _NO_FLAGS, prep.gcol, prep.lcol, prep.bound,
-                                                   prep.carry, phase, True, adv.T, ret.T)
+                                                   prep.carry, phase, True, numba.get_num_threads(), adv.T, ret.T)
         return True
     _run(cpu.gae_timemajor, prep.narrow)(r.T, v.T, _NO_FLAGS if term is None else term.T, term is not None,
                                          prep.gcol, prep.lcol, prep.bound, prep.carry, adv.T, ret.T)
@@ -593,7 +594,7 @@ def discounted_returns(p: ReturnsProblem) -> None:
         if gcol is not None and stream and _time_major(r) and (term is None or _time_major(term)):
             # Eight columns per vector and non-temporal stores (see _gae_fast_time_major).
             _run(cpu.returns_timemajor_lanes, narrow)(r.T, _NO_FLAGS if term is None else term.T, term is not None,
-                                                      gcol, bound, phase, True, out.T)
+                                                      gcol, bound, phase, True, numba.get_num_threads(), out.T)
             return
         _run(cpu.returns_tm, narrow)(*[a.T for a in args], bound, zero, out.T)
         return
@@ -610,7 +611,7 @@ def linear_scan(p: ScanProblem) -> None:
         if rows.dtype == _F4 and stream and _time_major(a, b):
             # Eight columns per vector and non-temporal stores (see _gae_fast_time_major).
             _run(cpu.scan_timemajor_lanes, narrow)(a.T, b.T, p.reverse, _bound(p.initial, rows), phase, True,
-                                                   p.out.T)
+                                                   numba.get_num_threads(), p.out.T)
             return
         _run(cpu.scan_tm, narrow)(a.T, b.T, p.reverse, _bound(p.initial, rows), p.out.T)
         return

@@ -1017,18 +1017,22 @@ _tmlanes_term, _tmlanes_plain, _tmlanes_next = (_TM_LANES[case, True] for case i
 
 
 @njit(inline="always")
-def _tm_split(R, phase):
+def _tm_split(R, phase, units):
     """``(v0, r8, line, wb, nb)`` of a time-major lanes kernel whose outputs
     start a 64-byte line at column ``phase`` (< 16) of each row: columns
     ``v0 = phase % 8 .. r8 − 1`` run eight per vector (``v0`` at most ``R``),
-    in ``nb`` units of ``wb`` columns (a multiple of 16; narrow batches get 4
-    units of at least 64 columns) split at columns ``line + m·wb``
-    (``line = phase``): at line boundaries of the outputs, so that no two
-    threads write one line."""
+    in ``nb`` units of ``wb`` columns (a multiple of 16; a narrow batch gets
+    ``units`` of them, the caller's thread count, of at least 64 columns each:
+    each unit sweeps every step, so fewer, wider units read longer runs of
+    each row) split at columns
+    ``line + m·wb`` (``line = phase``): at line boundaries of the outputs, so
+    that no two threads write one line.  Columns are independent, so the
+    split changes no result."""
     v0 = min(phase % 8, R)
     r8 = v0 + (R - v0) // 8 * 8
     n = r8 - v0
-    wb = _W if n >= 4 * _W else max(64, ((n + 3) // 4 + 15) // 16 * 16)
+    u = max(np.int64(1), units)
+    wb = _W if n >= u * _W else max(64, ((n + u - 1) // u + 15) // 16 * 16)
     line = min(phase, r8)
     return v0, r8, line, wb, max(1, (r8 - line + wb - 1) // wb)
 
@@ -1067,11 +1071,11 @@ def _tm_cols(rewards, values, next_values, has_next, term, has_term, trunc, t, c
 
 
 @kernel([types.void(_c2(_F4T), _c2(_F4T), _c2(_F4T), _B, _U8A, _B, _U8A, _ro(_F4T, 1), _ro(_F4T, 1),
-                    _ro(_F4T, 1), _ro(_F4T, 1), types.int64, _B, types.Array(_F4T, 2, "A"),
+                    _ro(_F4T, 1), _ro(_F4T, 1), types.int64, _B, types.int64, types.Array(_F4T, 2, "A"),
                     types.Array(_F4T, 2, "A")), None],
         parallel=True, fastmath=_FM)
 def gae_timemajor_lanes(rewards, values, next_values, has_next, term, has_term, trunc, gcol, lcol, bound, carry,
-                        phase, stream, adv, ret):
+                        phase, stream, units, adv, ret):
     """:func:`gae_timemajor` (plain or with terminations) and
     :func:`gae_timemajor_next` (``has_next``: ``term`` and ``trunc`` both read)
     on float32 ``(T, R)`` arrays, eight columns per SIMD vector from column
@@ -1080,10 +1084,13 @@ def gae_timemajor_lanes(rewards, values, next_values, has_next, term, has_term, 
     guarantees that column ``phase`` of every row of ``adv`` and ``ret``
     starts a 64-byte line, :func:`_tm_split`).  The flags it reads must
     have consecutive columns.  The first ``phase % 8`` columns and the last
-    ``(R − phase % 8) % 8`` run one at a time.  The steps of :func:`_gstep`
-    and :func:`_nstep`, so the same bits as those kernels."""
+    ``(R − phase % 8) % 8`` run one at a time.  ``units``, the caller's
+    thread count, sets how many units a narrow batch's columns are split
+    into (:func:`_tm_split`; columns are independent, so no result depends
+    on it).  The steps of :func:`_gstep` and :func:`_nstep`, so the same bits
+    as those kernels."""
     T, R = rewards.shape
-    v0, r8, line, wb, nb = _tm_split(R, phase)
+    v0, r8, line, wb, nb = _tm_split(R, phase, units)
     for bb in prange(nb):
         c0, c1, lo, hi = _tm_unit(bb, R, v0, r8, line, wb, nb)
         an = np.empty(hi - lo, _f8)
@@ -1124,17 +1131,19 @@ _tmret_term = scan_block("returns", True, has_term=True, prefetch=_TM_PREFETCH_S
 _tmret_plain = scan_block("returns", True, has_term=False, prefetch=_TM_PREFETCH_STEPS)
 
 
-@kernel([types.void(_c2(_F4T), _c2(_F4T), _B, _ro(_F4T, 1), types.int64, _B, types.Array(_F4T, 2, "A")), None],
+@kernel([types.void(_c2(_F4T), _c2(_F4T), _B, _ro(_F4T, 1), types.int64, _B, types.int64,
+                    types.Array(_F4T, 2, "A")), None],
         parallel=True)
-def scan_timemajor_lanes(a, b, reverse, initial, phase, stream, out):
+def scan_timemajor_lanes(a, b, reverse, initial, phase, stream, units, out):
     """:func:`scan_tm` on float32 ``(T, R)`` C-contiguous arrays, eight columns
     per SIMD vector from column ``phase % 8`` on (:func:`scan_block`),
     written by non-temporal stores with ``stream`` (the caller guarantees
     that column ``phase`` of every row of ``out`` starts a 64-byte line,
-    :func:`_tm_split`); the columns before and after run one at a time.
-    The step of :func:`_scan_at`, so the same bits as :func:`scan_tm`."""
+    :func:`_tm_split`); the columns before and after run one at a time;
+    ``units`` as in :func:`gae_timemajor_lanes`.  The step of
+    :func:`_scan_at`, so the same bits as :func:`scan_tm`."""
     T, R = b.shape
-    v0, r8, line, wb, nb = _tm_split(R, phase)
+    v0, r8, line, wb, nb = _tm_split(R, phase, units)
     for bb in prange(nb):
         c0, c1, lo, hi = _tm_unit(bb, R, v0, r8, line, wb, nb)
         y = np.empty(hi - lo, _f8)
@@ -1164,17 +1173,17 @@ def _tm_ret_at(rewards, term, has_term, t, c, g, G, out):
     return G
 
 
-@kernel([types.void(_c2(_F4T), _U8A, _B, _ro(_F4T, 1), _ro(_F4T, 1), types.int64, _B,
+@kernel([types.void(_c2(_F4T), _U8A, _B, _ro(_F4T, 1), _ro(_F4T, 1), types.int64, _B, types.int64,
                     types.Array(_F4T, 2, "A")), None],
         parallel=True)
-def returns_timemajor_lanes(rewards, term, has_term, gcol, bound, phase, stream, out):
+def returns_timemajor_lanes(rewards, term, has_term, gcol, bound, phase, stream, units, out):
     """:func:`returns_tm` without a mask, γ per column (``gcol``), on float32
     ``(T, R)`` arrays (``rewards`` C-contiguous; ``term``, read with
     ``has_term``, with consecutive columns), eight columns per SIMD vector
-    as in :func:`scan_timemajor_lanes`.  The step of :func:`_ret_at`, so the
-    same bits as :func:`returns_tm`."""
+    as in :func:`scan_timemajor_lanes` (``units`` too).  The step of
+    :func:`_ret_at`, so the same bits as :func:`returns_tm`."""
     T, R = rewards.shape
-    v0, r8, line, wb, nb = _tm_split(R, phase)
+    v0, r8, line, wb, nb = _tm_split(R, phase, units)
     for bb in prange(nb):
         c0, c1, lo, hi = _tm_unit(bb, R, v0, r8, line, wb, nb)
         G = np.empty(hi - lo, _f8)
