@@ -149,15 +149,9 @@ def _fill(m, has_mask, lo, hi, av, rv, zero, a, rt, stream):
     if stream:
         _stream_one(m, has_mask, lo, hi, av, zero, a)
         _stream_one(m, has_mask, lo, hi, rv, zero, rt)
-    elif has_mask:
-        for t in range(np.uint64(lo), np.uint64(hi)):
-            keep = m[t] != 0
-            a[t] = av if keep else zero
-            rt[t] = rv if keep else zero
     else:
-        for t in range(np.uint64(lo), np.uint64(hi)):
-            a[t] = av
-            rt[t] = rv
+        _fill_one(m, has_mask, lo, hi, av, zero, a)
+        _fill_one(m, has_mask, lo, hi, rv, zero, rt)
 
 
 @njit(inline="always")
