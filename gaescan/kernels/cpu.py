@@ -1024,10 +1024,9 @@ def _tm_split(R, phase, units):
     in ``nb`` units of ``wb`` columns (a multiple of 16; a narrow batch gets
     ``units`` of them, the caller's thread count, of at least 64 columns each:
     each unit sweeps every step, so fewer, wider units read longer runs of
-    each row) split at columns
-    ``line + m·wb`` (``line = phase``): at line boundaries of the outputs, so
-    that no two threads write one line.  Columns are independent, so the
-    split changes no result."""
+    each row) split at columns ``line + m·wb`` (``line = phase``): at line
+    boundaries of the outputs, so that no two threads write one line.
+    Columns are independent, so the split changes no result."""
     v0 = min(phase % 8, R)
     r8 = v0 + (R - v0) // 8 * 8
     n = r8 - v0
