@@ -1449,3 +1449,56 @@ def test_scan_and_returns_lanes_long_rows(monkeypatch, gamma):
         monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 1 << 62)
         assert _same_bits([got], [call()])
         assert gt.assert_close(got, ref()) <= 2e-5
+
+
+# --------------------------------------------------------------------------- lanes shifted apart
+# Lane q of every batch-major lanes kernel runs q·sk steps after lane 0
+# (cpu._lane_span): sk grows with the row (0, 16, 32, up to 64 steps), and each
+# lane runs the steps outside its blocks one row at a time.  The lengths below
+# cross each skew; every kernel keeps the pair kernels' bits, streamed or not.
+
+SKEW_LENGTHS = {3583: 0, 3584: 16, 3599: 16, 7168 + 5: 32, 14336 + 17: 64}
+
+
+def test_lane_skew_grows_with_the_row():
+    assert {T: cpu._lane_span.py_func(T, 0, False)[4] for T in SKEW_LENGTHS} == SKEW_LENGTHS
+    for T in SKEW_LENGTHS:
+        for phase in (0, 5, 15):
+            h0, nb, tb, nt, sk = cpu._lane_span.py_func(T, phase, True)
+            assert h0 == phase and nt and sk % 16 == 0
+            # the last lane's blocks end inside the row; lane 0's start at h0
+            assert tb + 7 * sk <= T and tb == h0 + 16 * nb and T - (tb + 7 * sk) < 16
+
+
+@pytest.mark.parametrize("T", list(SKEW_LENGTHS))
+@pytest.mark.parametrize("stream", [False, True])
+def test_shifted_lanes_give_the_pair_kernels_bits(build_spy, monkeypatch, T, stream):
+    R = 9
+    monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 0 if stream else 1 << 62)
+
+    def outs(n):
+        o = aligned_rows_out(R, T, T + (-T) % 16 + 16, 5)
+        return tuple(o[:n]) if n > 1 else o[0]
+
+    rng, r, v, d = _data(R, T, seed=T, p=0.002)
+    _, _, _, nxt = _next_case(R, T, seed=T + 1)
+    nxt["terminated"] &= rng.random((R, T)) < 0.05
+    nxt["truncated"] &= rng.random((R, T)) < 0.05
+    for kw in (dict(gamma=0.99, lam=0.95, dones=d), dict(gamma=0.999, lam=0.999),
+               dict(gamma=0.99, lam=0.95, **nxt)):
+        monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 1 << 62)
+        pairs = gaescan.gae(r, v, backend="numba", **kw)
+        monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
+        build_spy.clear()
+        got = gaescan.gae(r, v, backend="numba", out=outs(2), **kw)
+        assert build_spy[0][0] == "gae_lanes"
+        assert _same_bits(got, pairs)
+    for name, (call, ref, kind) in _scan_and_returns_calls(R, T, T, "f32-state").items():
+        monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 1 << 62)
+        pairs = call()
+        monkeypatch.setattr(numba_cpu, "SERIAL_MAX_STEPS", 0)
+        build_spy.clear()
+        got = call(out=outs(1))
+        assert build_spy[0][0] == f"{kind}_lanes", name
+        assert _same_bits([got], [pairs]), name
+        assert _finite_close(got, ref()) <= 2e-5, name

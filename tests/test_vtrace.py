@@ -895,3 +895,52 @@ def test_timemajor_lanes_kernel_is_thread_count_independent(monkeypatch):
     assert _vt_same_bits(a1, a2)
     ref = gt.vtrace(r, v, **kw)
     assert_close(a1.vs, ref.vs, np.float32)
+
+
+# Rows long enough for the lanes to run shifted apart (lane q q·sk steps after lane 0,
+# gaescan.kernels.cpu._lane_span: 16 steps at 3600, 64 at 14368): each lane's steps
+# outside its blocks run one row at a time, with the fused kernel's bits; the blocks
+# stay within float32 roundings of it, streamed or not, on any thread count.
+
+
+@pytest.mark.parametrize("case", ["dones", "next"])
+@pytest.mark.parametrize("T", [3600, 14368])
+@pytest.mark.parametrize("stream", [False, True])
+def test_shifted_lanes_match_the_fused_kernel(monkeypatch, case, T, stream):
+    from gaescan.backends import numba_cpu
+    from gaescan.kernels import cpu
+
+    R = 9
+    assert cpu._lane_span.py_func(T, 11 if stream else 0, stream)[4] == (16 if T == 3600 else 64)
+    calls = _kernel_calls(monkeypatch)
+    monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 0 if stream else 1 << 62)
+    rng = np.random.default_rng(T)
+    kw = dict(rewards=random_data(rng, (R, T), np.float32), values=random_data(rng, (R, T), np.float32),
+              log_rhos=log_ratios(rng, (R, T)), gamma=0.99, last_trace=random_data(rng, (R,), np.float32))
+    if case == "dones":
+        kw.update(dones=rng.random((R, T)) < 0.01, last_value=random_data(rng, (R,), np.float32))
+    else:
+        kw.update(next_values=random_data(rng, (R, T), np.float32), terminated=rng.random((R, T)) < 0.01,
+                  truncated=rng.random((R, T)) < 0.01)
+    name = "vtrace_lanes_next" if case == "next" else "vtrace_lanes"
+    monkeypatch.setattr(vtrace_numba_module(), "SERIAL_MAX_STEPS", 0)
+    got, one = one_thread_and_all(
+        lambda: gaescan.vtrace(**kw, backend="numba", out=tuple(aligned_rows_out(R, T, T, 5))))
+    assert calls[0] == name
+    assert _vt_same_bits(got, one)
+    calls.clear()
+    with monkeypatch.context() as m:
+        m.setattr(vtrace_numba_module(), "_lanes_ok", lambda *a, **k: False)
+        m.setattr(vtrace_numba_module(), "_lanes_next_ok", lambda *a: False)
+        fused = gaescan.vtrace(**kw, backend="numba")
+    assert calls == ["vtrace_fused"]
+    _vt_near_fused(got, fused, R, T, 11 if stream else 0)
+    ref = gt.vtrace(**kw)
+    assert_close(got.vs, ref.vs, np.float32)
+    assert_close(got.advantages, ref.advantages, np.float32)
+
+
+def vtrace_numba_module():
+    from gaescan.backends import vtrace_numba
+
+    return vtrace_numba

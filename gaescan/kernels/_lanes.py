@@ -85,14 +85,24 @@ class _Block:
 
     With ``starts`` (the index of an 8-element int64 argument), lane ``q`` is
     not row ``i0 + q`` but the steps from ``starts[q]`` of row 0: eight places
-    of one long row (packed sequences), each with a start of its own."""
+    of one long row (packed sequences), each with a start of its own.
+
+    With ``skew`` (the index of an int64 argument; batch-major without
+    ``starts``), lane ``q`` runs ``q·skew`` steps after lane 0: rows whose
+    stride is a multiple of 4 KiB would otherwise put the eight rows' lines
+    of one step in one set of the level-1 data cache, which holds fewer
+    ways than a block loads lines.  Lanes ``skew`` steps apart (a multiple of
+    16 float32 steps, one 64-byte line) fall in different sets."""
 
     def __init__(self, context: Any, builder: Any, signature: Any, args: Any, arrays: range, i0: Any,
-                 t0: Any, time_major: bool = False, starts: int | None = None) -> None:
+                 t0: Any, time_major: bool = False, starts: int | None = None, skew: int | None = None) -> None:
         self.time_major = time_major
         self.context, self.builder, self.args, self.st = context, builder, args, signature.args
         self.intp = context.get_value_type(types.intp)
         self.i0, self.t0 = i0, t0
+        self.skew = None
+        if skew is not None and not time_major and starts is None:
+            self.skew = context.cast(builder, args[skew], signature.args[skew], types.intp)
         self.starts = None
         if starts is not None:
             ptr = self.vec(starts, self.intp)
@@ -112,6 +122,8 @@ class _Block:
             off = b.mul(b.add(self.starts[q], ir.Constant(intp, h)), ir.Constant(intp, itemsize))
             return b.inttoptr(b.add(start, off), ty.as_pointer())
         major, minor = (self.t0, self.i0) if self.time_major else (self.i0, self.t0)
+        if self.skew is not None and q:
+            minor = b.add(minor, b.mul(self.skew, ir.Constant(intp, q)))
         off = b.add(b.mul(b.add(major, ir.Constant(intp, h if self.time_major else q)), stride),
                     b.mul(b.add(minor, ir.Constant(intp, q if self.time_major else h)), ir.Constant(intp, itemsize)))
         return b.inttoptr(b.add(start, off), ty.as_pointer())
@@ -258,7 +270,7 @@ def stream_fill(typingctx, out, t, value, mask):
 def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = False,
                 has_mask: bool = False, packed: bool = False, time_major: bool = False,
                 prefetch: int = 0) -> Any:
-    """The intrinsic ``block(r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8, nv, flags2, stream)``.
+    """The intrinsic ``block(r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8, nv, flags2, stream, skew)``.
 
     It runs steps ``t0 + steps - 1`` down to ``t0`` (``steps`` a multiple of 8:
     each row's loads and stores are ``steps / 8`` vectors, transposed 8 x 8 at
@@ -293,6 +305,10 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = Fal
     32-byte aligned (a misaligned one faults), and the kernel runs
     :func:`sfence` before it returns.
 
+    ``skew`` (an int64, read by batch-major blocks without ``packed``) shifts
+    lane ``q`` to steps ``t0 + q·skew ..`` (see :class:`_Block`); with
+    ``stream`` it is a multiple of 16.
+
     With ``time_major`` the arrays are ``[step, column]`` (see
     :class:`_Block`): ``i0`` is the first of 8 consecutive columns and each
     step one vector per array, so ``steps`` may be any count.  ``prefetch``
@@ -309,13 +325,13 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = Fal
         raise ValueError("no lanes block takes next values and a mask together")
 
     @intrinsic
-    def block(typingctx, r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8, nv, flags2, stream):
-        sig = types.void(r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8, nv, flags2, stream)
+    def block(typingctx, r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8, nv, flags2, stream, skew):
+        sig = types.void(r, v, term, adv, ret, i0, t0, sa, sv, g8, gl8, nv, flags2, stream, skew)
 
         def codegen(context, builder, signature, args):
             arrays = (0, 1, 2, 3, 4, 11, 12) if has_next else (0, 1, 2, 3, 4, 12) if has_mask else range(5)
             blk = _Block(context, builder, signature, args, arrays, args[5], args[6], time_major=time_major,
-                         starts=5 if packed else None)
+                         starts=5 if packed else None, skew=14)
             f32 = ir.FloatType()
             v8f = ir.VectorType(f32, 8)
             v8s = ir.VectorType(ir.DoubleType() if wide else f32, 8)
@@ -401,7 +417,7 @@ def lanes_block(has_term: bool, wide: bool, steps: int = 8, has_next: bool = Fal
 
 def scan_block(kind: str, reverse: bool, has_term: bool = False, prefetch: int = 0, time_major: bool = True,
                steps: int = 1) -> Any:
-    """The intrinsic ``block(x, b, flags, out, i0, t0, state, g8, stream)``:
+    """The intrinsic ``block(x, b, flags, out, i0, t0, state, g8, stream, skew)``:
     ``steps`` steps of eight sequences of float32 arrays, with the steps of
     the CPU kernels one for one.
 
@@ -416,7 +432,8 @@ def scan_block(kind: str, reverse: bool, has_term: bool = False, prefetch: int =
     (:func:`gaescan.kernels.cpu.scan_rows`: no FMA;
     :func:`gaescan.kernels.cpu.returns_rows_fused`: ``x + γ·G`` as one FMA,
     as LLVM contracts it there), from the block's last step down with
-    ``reverse``, else from its first up.
+    ``reverse``, else from its first up; batch-major lane ``q`` runs
+    ``q·skew`` steps after lane 0 (``skew`` as in :func:`lanes_block`).
 
     * ``kind="scan"``: ``y = b`` where ``x == 0`` (``x`` the coefficient ``a``),
       else ``x·y + b`` (a select: a NaN or infinity carried in ``y`` stops
@@ -441,13 +458,14 @@ def scan_block(kind: str, reverse: bool, has_term: bool = False, prefetch: int =
         raise ValueError("only the time-major blocks prefetch")
 
     @intrinsic
-    def block(typingctx, x, b, flags, out, i0, t0, state, g8, stream):
-        sig = types.void(x, b, flags, out, i0, t0, state, g8, stream)
+    def block(typingctx, x, b, flags, out, i0, t0, state, g8, stream, skew):
+        sig = types.void(x, b, flags, out, i0, t0, state, g8, stream, skew)
 
         def codegen(context, builder, signature, args):
             scan = kind == "scan"
             arrays = (0, 1, 3) if scan else ((0, 2, 3) if has_term else (0, 3))
-            blk = _Block(context, builder, signature, args, arrays, args[4], args[5], time_major=time_major)
+            blk = _Block(context, builder, signature, args, arrays, args[4], args[5], time_major=time_major,
+                         skew=9)
             f32 = ir.FloatType()
             v8f = ir.VectorType(f32, 8)
             wide = signature.args[6].dtype == types.float64
@@ -615,7 +633,7 @@ def log_ratios_outside(steps: int = 16) -> Any:
 
 def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False, has_next: bool = False,
                        state32: bool = False, checked: bool = False) -> Any:
-    """The intrinsic ``block(r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, trunc, nt, wide)``.
+    """The intrinsic ``block(r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, trunc, nt, wide, skew)``.
 
     V-trace on steps ``t0 + steps - 1`` down to ``t0`` (``steps`` a multiple
     of 8) of rows ``i0 .. i0 + 7`` (``[row, step]`` arrays, or ``[step, row]``
@@ -631,7 +649,9 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False
     ``nt`` (a boolean, read at run time) writes ``vs`` and ``adv`` by
     non-temporal stores: batch-major blocks only, and the caller guarantees
     that step ``t0`` of every row of both starts a 32-byte aligned vector.
-    ``wide`` (a boolean) is read with ``checked`` only: see below.
+    ``wide`` (a boolean) is read with ``checked`` only: see below.  ``skew``
+    (an int64, read by batch-major blocks) shifts lane ``q`` to steps
+    ``t0 + q·skew ..``, as in :func:`lanes_block`.
 
     Per step, the terms of the V-trace fast path
     (:mod:`gaescan.kernels.cpu_vtrace`): ``e = exp(lr)``, the bracket
@@ -662,12 +682,12 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False
     ``sx`` stays float64 (a float32 value, exactly) between blocks.
     """
     @intrinsic
-    def block(typingctx, r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, trunc, nt, wide):
-        sig = types.void(r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, trunc, nt, wide)
+    def block(typingctx, r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, trunc, nt, wide, skew):
+        sig = types.void(r, v, lr, term, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, trunc, nt, wide, skew)
 
         def codegen(context, builder, signature, args):
             arrays = (0, 1, 2, 3, 4, 5, 15, 16) if has_next else range(6)
-            blk = _Block(context, builder, signature, args, arrays, args[6], args[7], time_major)
+            blk = _Block(context, builder, signature, args, arrays, args[6], args[7], time_major, skew=19)
             f32 = ir.FloatType()
             f64 = ir.DoubleType()
             v8f = ir.VectorType(f32, 8)

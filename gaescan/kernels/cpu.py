@@ -888,18 +888,18 @@ _F4T = types.float32
 # with a mask.
 @njit(inline="always")
 def _rows_block(rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
-                i0, t0, sa, sv, g8, gl8, adv, ret, stream):
-    """The block of rows ``i0 .. i0 + 7``, steps ``t0 .. t0 + 15``."""
+                i0, t0, sa, sv, g8, gl8, adv, ret, stream, skew):
+    """The block of rows ``i0 .. i0 + 7``, steps ``t0 + q·skew .. t0 + q·skew + 15`` in lane ``q``."""
     if has_next:
-        _lanes_next(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc, stream)
+        _lanes_next(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc, stream, skew)
     elif has_mask and has_term:
-        _lanes_mask_term(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, mask, stream)
+        _lanes_mask_term(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, mask, stream, skew)
     elif has_mask:
-        _lanes_mask(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, mask, stream)
+        _lanes_mask(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, mask, stream, skew)
     elif has_term:
-        _lanes_term(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc, stream)
+        _lanes_term(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc, stream, skew)
     else:
-        _lanes_plain(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc, stream)
+        _lanes_plain(rewards, values, term, adv, ret, i0, t0, sa, sv, g8, gl8, next_values, trunc, stream, skew)
 
 
 @njit(inline="always")
@@ -907,15 +907,15 @@ def _packed_block(rewards, values, next_values, has_next, term, has_term, trunc,
                   starts, sa, sv, g8, gl8, adv, ret, stream):
     """The block of steps ``starts[q] .. starts[q] + 15`` of row 0 in lane ``q``."""
     if has_next:
-        _planes_next(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, trunc, stream)
+        _planes_next(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, trunc, stream, 0)
     elif has_mask and has_term:
-        _planes_mask_term(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, mask, stream)
+        _planes_mask_term(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, mask, stream, 0)
     elif has_mask:
-        _planes_mask(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, mask, stream)
+        _planes_mask(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, mask, stream, 0)
     elif has_term:
-        _planes_term(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, trunc, stream)
+        _planes_term(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, trunc, stream, 0)
     else:
-        _planes_plain(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, trunc, stream)
+        _planes_plain(rewards, values, term, adv, ret, starts, 0, sa, sv, g8, gl8, next_values, trunc, stream, 0)
 
 
 @njit(inline="always", fastmath=_FM)
@@ -962,14 +962,15 @@ def gae_lanes(rewards, values, next_values, has_next, term, has_term, trunc, mas
 
     The blocks of 16 steps start at steps ``phase + 16·k`` (``phase`` <
     16; 0 where the row is shorter than ``phase + 16``, and then the blocks
-    write by ordinary stores).  Each group of 8 rows first runs its steps
-    after the last block one row at a time
+    write by ordinary stores), lane ``q``'s ``q·sk`` steps after lane 0's
+    (:func:`_lane_span`).  Each group of 8 rows first runs each row's steps
+    after its last block one row at a time
     (:func:`_lane_steps`: the step of :func:`_gstep`, :func:`_mstep` or
     :func:`_nstep`), then its blocks from the end, each one call of a
     ``_lanes_*`` block (:func:`_rows_block`): eight independent chains per
-    instruction, where :func:`_gae_pair` runs two; then its first ``phase``
-    steps one row at a time.  The same operations as :func:`_gae_pair`, so
-    the same bits, whatever ``phase``.  Every array it reads must be
+    instruction, where :func:`_gae_pair` runs two; then each row's steps
+    before its first block one row at a time.  The same operations as
+    :func:`_gae_pair`, so the same bits, whatever ``phase`` and ``sk``.  Every array it reads must be
     contiguous along time (the block addresses rows by their stride and
     steps by the item size).
 
@@ -978,7 +979,7 @@ def gae_lanes(rewards, values, next_values, has_next, term, has_term, trunc, mas
     a 32-byte aligned vector.
     """
     R, T = rewards.shape
-    h0, nb, tb, nt = _lane_span(T, phase, stream)
+    h0, nb, tb, nt, sk = _lane_span(T, phase, stream)
     zero = np.float32(0)
     for grp in prange(R // 8):
         i0 = grp * 8
@@ -991,17 +992,17 @@ def gae_lanes(rewards, values, next_values, has_next, term, has_term, trunc, mas
             g = gcol[i]
             gl = _f8(g) * _f8(lcol[i])
             a, vn = _lane_steps(rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
-                                i, T, tb, g, gl, _f8(carry[i]), bound[i], zero, adv, ret)
+                                i, T, tb + q * sk, g, gl, _f8(carry[i]), bound[i], zero, adv, ret)
             sa[q] = a
             sv[q] = vn
             g8[q] = g
             gl8[q] = gl
         for b in range(nb):
             _rows_block(rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
-                        i0, tb - _LANE_STEPS * (b + 1), sa, sv, g8, gl8, adv, ret, nt)
+                        i0, tb - _LANE_STEPS * (b + 1), sa, sv, g8, gl8, adv, ret, nt, sk)
         for q in range(8):
             _lane_steps(rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
-                        i0 + q, h0, 0, g8[q], gl8[q], _f8(sa[q]), sv[q], zero, adv, ret)
+                        i0 + q, h0 + q * sk, 0, g8[q], gl8[q], _f8(sa[q]), sv[q], zero, adv, ret)
         if nt:
             sfence()
 
@@ -1109,13 +1110,13 @@ def gae_timemajor_lanes(rewards, values, next_values, has_next, term, has_term, 
                 k = c - lo
                 if has_next:
                     _tmlanes_next(rewards, values, term, adv, ret, c, t, an[k:], vn[k:], gg[k:], gl[k:],
-                                  next_values, trunc, stream)
+                                  next_values, trunc, stream, 0)
                 elif has_term:
                     _tmlanes_term(rewards, values, term, adv, ret, c, t, an[k:], vn[k:], gg[k:], gl[k:],
-                                  rewards, term, stream)
+                                  rewards, term, stream, 0)
                 else:
                     _tmlanes_plain(rewards, values, term, adv, ret, c, t, an[k:], vn[k:], gg[k:], gl[k:],
-                                   rewards, term, stream)
+                                   rewards, term, stream, 0)
             _tm_cols(rewards, values, next_values, has_next, term, has_term, trunc, t, c1, hi, lo, an, vn, gg, gl,
                      adv, ret)
         if stream:
@@ -1154,9 +1155,9 @@ def scan_timemajor_lanes(a, b, reverse, initial, phase, stream, units, out):
                 y[c - lo] = _scan_at(a, b, np.uint64(t), np.uint64(c), y[c - lo], out)
             for c in range(c0, c1, 8):
                 if reverse:
-                    _tmscan_rev(a, b, b, out, c, t, y[c - lo:], initial, stream)
+                    _tmscan_rev(a, b, b, out, c, t, y[c - lo:], initial, stream, 0)
                 else:
-                    _tmscan_fwd(a, b, b, out, c, t, y[c - lo:], initial, stream)
+                    _tmscan_fwd(a, b, b, out, c, t, y[c - lo:], initial, stream, 0)
             for c in range(c1, hi):
                 y[c - lo] = _scan_at(a, b, np.uint64(t), np.uint64(c), y[c - lo], out)
         if stream:
@@ -1196,9 +1197,9 @@ def returns_timemajor_lanes(rewards, term, has_term, gcol, bound, phase, stream,
                 G[c - lo] = _tm_ret_at(rewards, term, has_term, t, c, gg[c - lo], G[c - lo], out)
             for c in range(c0, c1, 8):
                 if has_term:
-                    _tmret_term(rewards, rewards, term, out, c, t, G[c - lo:], gg[c - lo:], stream)
+                    _tmret_term(rewards, rewards, term, out, c, t, G[c - lo:], gg[c - lo:], stream, 0)
                 else:
-                    _tmret_plain(rewards, rewards, term, out, c, t, G[c - lo:], gg[c - lo:], stream)
+                    _tmret_plain(rewards, rewards, term, out, c, t, G[c - lo:], gg[c - lo:], stream, 0)
             for c in range(c1, hi):
                 G[c - lo] = _tm_ret_at(rewards, term, has_term, t, c, gg[c - lo], G[c - lo], out)
         if stream:
@@ -1466,15 +1467,35 @@ _rowret_term = scan_block("returns", True, has_term=True, time_major=False, step
 _rowret_plain = scan_block("returns", True, has_term=False, time_major=False, steps=_LANE_STEPS)
 
 
+# Blocks a row holds per 16 steps of lane skew (see _lane_span): lanes
+# shifted by 16·k steps leave 7·16·k steps of each row to the one-row steps,
+# at most 1/32 of a row of _LANE_SKEW_BLOCKS blocks per 16 steps.
+_LANE_SKEW_BLOCKS = 224
+_LANE_SKEW_MAX = 64
+
+
 @njit(inline="always")
 def _lane_span(T, phase, stream):
-    """``(h0, nb, tb, nt)`` of rows of ``T`` steps: the blocks start at step
-    ``h0`` (``phase``, or 0 where the row is shorter than ``phase + 16``), ``nb``
-    of them, ending at step ``tb``; ``nt`` whether they stream (only blocks
-    that start at ``phase`` are aligned for it)."""
+    """``(h0, nb, tb, nt, sk)`` of rows of ``T`` steps: lane ``q``'s blocks
+    start at step ``h0 + q·sk`` (``h0`` is ``phase``, or 0 where the row is
+    shorter than ``phase + 16``), ``nb`` of them, ending at step ``tb + q·sk``;
+    ``nt`` whether they stream (only blocks that start at ``phase`` are
+    aligned for it).  Lane ``q`` runs the steps before ``h0 + q·sk`` and from
+    ``tb + q·sk`` one row at a time.
+
+    The skew ``sk`` (a multiple of 16 steps, up to ``_LANE_SKEW_MAX``, less in
+    short rows, 0 in the shortest) moves the eight rows' loads of a block
+    apart in memory: rows of a power-of-two length lie a multiple of 4 KiB
+    apart, so the same step of each falls in one set of the level-1 data
+    cache, which holds fewer ways than a block loads lines.  Lanes one line
+    apart fall in different sets; lanes further apart run faster still on
+    the machines measured (docs/performance.md).  The skew changes which
+    steps run in blocks, not the steps' operations."""
     h0 = phase if phase + _LANE_STEPS <= T else 0
     nb = (T - h0) // _LANE_STEPS
-    return h0, nb, h0 + _LANE_STEPS * nb, stream and h0 == phase
+    sk = min(_LANE_SKEW_MAX, _LANE_STEPS * (nb // _LANE_SKEW_BLOCKS))
+    nb -= 7 * sk // _LANE_STEPS
+    return h0, nb, h0 + _LANE_STEPS * nb, stream and h0 == phase, sk
 
 
 @kernel([types.void(_ro(_F4T, 2), _ro(_F4T, 2), _B, _ro(_F4T, 1), types.int64, _B, types.Array(_F4T, 2, "A")),
@@ -1489,20 +1510,21 @@ def scan_lanes(a, b, reverse, initial, phase, stream, out):
     the same operations, so the same bits as :func:`scan_rows`.  ``phase``
     and ``stream``: as in :func:`gae_lanes`, for ``out``."""
     R, T = b.shape
-    h0, nb, tb, nt = _lane_span(T, phase, stream)
-    # The steps before the blocks in the scan's order, and those after.
-    head0, head1, tail0, tail1 = (tb, T, 0, h0) if reverse else (0, h0, tb, T)
+    h0, nb, tb, nt, sk = _lane_span(T, phase, stream)
     for grp in prange(R // 8):
         i0 = grp * 8
         y = np.empty(8, _f8)
+        # Lane q's steps before its blocks in the scan's order, and those after.
         for q in range(8):
+            head0, head1 = (tb + q * sk, T) if reverse else (0, h0 + q * sk)
             y[q] = _scan_steps(a, b, i0 + q, head0, head1, reverse, _f8(initial[i0 + q]), out)
         for k in range(nb):
             if reverse:
-                _rowscan_rev(a, b, b, out, i0, tb - _LANE_STEPS * (k + 1), y, initial, nt)
+                _rowscan_rev(a, b, b, out, i0, tb - _LANE_STEPS * (k + 1), y, initial, nt, sk)
             else:
-                _rowscan_fwd(a, b, b, out, i0, h0 + _LANE_STEPS * k, y, initial, nt)
+                _rowscan_fwd(a, b, b, out, i0, h0 + _LANE_STEPS * k, y, initial, nt, sk)
         for q in range(8):
+            tail0, tail1 = (0, h0 + q * sk) if reverse else (tb + q * sk, T)
             _scan_steps(a, b, i0 + q, tail0, tail1, reverse, y[q], out)
         if nt:
             sfence()
@@ -1540,20 +1562,20 @@ def returns_lanes(rewards, term, has_term, gcol, bound, phase, stream, out):
     rows ``0 .. 8·(R // 8) − 1``, as :func:`scan_lanes` runs
     :func:`scan_rows`'s.  The steps of :func:`_ret_pair`, so the same bits."""
     R, T = rewards.shape
-    h0, nb, tb, nt = _lane_span(T, phase, stream)
+    h0, nb, tb, nt, sk = _lane_span(T, phase, stream)
     for grp in prange(R // 8):
         i0 = grp * 8
         G = np.empty(8, _f8)
         g8 = np.empty(8, np.float32)
         for q in range(8):
             g8[q] = gcol[i0 + q]
-            G[q] = _ret_tail(rewards, term, has_term, i0 + q, T, tb, g8[q], _f8(bound[i0 + q]), out)
+            G[q] = _ret_tail(rewards, term, has_term, i0 + q, T, tb + q * sk, g8[q], _f8(bound[i0 + q]), out)
         for k in range(nb):
             if has_term:
-                _rowret_term(rewards, rewards, term, out, i0, tb - _LANE_STEPS * (k + 1), G, g8, nt)
+                _rowret_term(rewards, rewards, term, out, i0, tb - _LANE_STEPS * (k + 1), G, g8, nt, sk)
             else:
-                _rowret_plain(rewards, rewards, term, out, i0, tb - _LANE_STEPS * (k + 1), G, g8, nt)
+                _rowret_plain(rewards, rewards, term, out, i0, tb - _LANE_STEPS * (k + 1), G, g8, nt, sk)
         for q in range(8):
-            _ret_tail(rewards, term, has_term, i0 + q, h0, 0, g8[q], G[q], out)
+            _ret_tail(rewards, term, has_term, i0 + q, h0 + q * sk, 0, g8[q], G[q], out)
         if nt:
             sfence()

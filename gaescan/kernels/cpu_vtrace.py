@@ -456,8 +456,8 @@ def _row_steps(r, v, lr, nv, has_next, d, has_term, tr, g, lam, i, hi, lo, x, vn
 
 @njit(inline="always", fastmath=_FM)
 def _lane_group_tails(r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, carry, rb, cb, pb, vs, adv,
-                      i0, tb):
-    """Steps ``tb`` to the end of rows ``i0 .. i0 + 7``, one row at a time
+                      i0, tb, sk):
+    """Steps ``tb + q·sk`` to the end of rows ``i0 + q`` (``q`` < 8), one row at a time
     (:func:`_row_steps`), and the blocks' state after them: the trace, the
     value after the step, γ and γλ of each row."""
     T = r.shape[1]
@@ -469,7 +469,7 @@ def _lane_group_tails(r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound
         i = i0 + q
         g = _f8(gcol[i])
         lam = _f8(lcol[i])
-        sx[q], sv[q] = _row_steps(r, v, lr, nv, has_next, d, has_term, tr, g, lam, i, T, tb, _f8(carry[i]),
+        sx[q], sv[q] = _row_steps(r, v, lr, nv, has_next, d, has_term, tr, g, lam, i, T, tb + q * sk, _f8(carry[i]),
                                   _f8(bound[i]), rb, cb, pb, vs, adv)
         g8[q] = g
         gl8[q] = g * lam
@@ -477,40 +477,42 @@ def _lane_group_tails(r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound
 
 
 @njit(inline="always", fastmath=_FM)
-def _lane_group_heads(r, v, lr, nv, has_next, d, has_term, tr, lcol, rb, cb, pb, vs, adv, i0, h0, sx, sv, g8):
-    """Steps ``h0 - 1`` down to 0 of rows ``i0 .. i0 + 7``, one row at a time
-    (:func:`_row_steps`), from the blocks' state."""
+def _lane_group_heads(r, v, lr, nv, has_next, d, has_term, tr, lcol, rb, cb, pb, vs, adv, i0, h0, sk, sx, sv,
+                      g8):
+    """Steps ``h0 + q·sk - 1`` down to 0 of rows ``i0 + q`` (``q`` < 8), one row
+    at a time (:func:`_row_steps`), from the blocks' state."""
     for q in range(8):
         i = i0 + q
-        _row_steps(r, v, lr, nv, has_next, d, has_term, tr, g8[q], _f8(lcol[i]), i, h0, 0, sx[q], sv[q],
+        _row_steps(r, v, lr, nv, has_next, d, has_term, tr, g8[q], _f8(lcol[i]), i, h0 + q * sk, 0, sx[q], sv[q],
                    rb, cb, pb, vs, adv)
 
 
 @njit(inline="always")
 def _lane_group(r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, carry, rb, cb, pb, state32,
-                h0, nb, tb, nt, vs, adv, i0):
+                h0, nb, tb, nt, sk, vs, adv, i0):
     """Rows ``i0 .. i0 + 7`` of :func:`vtrace_lanes` or, with ``has_next``,
-    :func:`vtrace_lanes_next`: the steps from ``tb`` on one row at a time,
-    the ``nb`` blocks from the end (``nv`` and ``tr`` read only with
-    ``has_next``), the steps before ``h0`` one row at a time, and a store
-    fence after non-temporal stores (``nt``)."""
+    :func:`vtrace_lanes_next`: in row ``i0 + q``, the steps from ``tb + q·sk``
+    on one row at a time, the ``nb`` blocks from the end (lane ``q`` runs
+    ``q·sk`` steps after lane 0; ``nv`` and ``tr`` read only with
+    ``has_next``), the steps before ``h0 + q·sk`` one row at a time, and a
+    store fence after non-temporal stores (``nt``)."""
     sx, sv, g8, gl8 = _lane_group_tails(r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, carry,
-                                        rb, cb, pb, vs, adv, i0, tb)
+                                        rb, cb, pb, vs, adv, i0, tb, sk)
     for b in range(nb):
         t0 = tb - _LANE_STEPS * (b + 1)
         if has_next and state32:
-            _vlanes32_next(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, tr, nt, False)
+            _vlanes32_next(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, tr, nt, False, sk)
         elif has_next:
-            _vlanes_next(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, tr, nt, False)
+            _vlanes_next(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, nv, tr, nt, False, sk)
         elif has_term and state32:
-            _vlanes32_term(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt, False)
+            _vlanes32_term(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt, False, sk)
         elif has_term:
-            _vlanes_term(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt, False)
+            _vlanes_term(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt, False, sk)
         elif state32:
-            _vlanes32_plain(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt, False)
+            _vlanes32_plain(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt, False, sk)
         else:
-            _vlanes_plain(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt, False)
-    _lane_group_heads(r, v, lr, nv, has_next, d, has_term, tr, lcol, rb, cb, pb, vs, adv, i0, h0, sx, sv, g8)
+            _vlanes_plain(r, v, lr, d, vs, adv, i0, t0, sx, sv, g8, gl8, rb, cb, pb, v, d, nt, False, sk)
+    _lane_group_heads(r, v, lr, nv, has_next, d, has_term, tr, lcol, rb, cb, pb, vs, adv, i0, h0, sk, sx, sv, g8)
     if nt:
         sfence()
 
@@ -527,13 +529,16 @@ def vtrace_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, cb, pb, st
     :func:`vtrace_fused`).
 
     The blocks of 16 steps start at steps ``phase + 16·k`` (``phase`` <
-    16; 0 where the row is shorter than ``phase + 16``).  Each group of 8
-    rows first runs its steps after the last block one row at a time (the
+    16; 0 where the row is shorter than ``phase + 16``), lane ``q``'s
+    ``q·sk`` steps after lane 0's (``sk`` from the row's length,
+    :func:`gaescan.kernels.cpu._lane_span`).  Each group of 8
+    rows first runs each row's steps after its last block one row at a time (the
     bits of :func:`vtrace_fused`), then its blocks from the end, each one
     call of the ``_vlanes_*`` block, with the same terms in the same order,
     float32 where :func:`gaescan.kernels._lanes.vtrace_lanes_block` says
     (:func:`_exp`'s float64 terms and bits in a block with a log-ratio
-    outside ``[-87, 88]``), then its first ``phase`` steps one row at a time.
+    outside ``[-87, 88]``), then each row's steps before its first block one
+    row at a time.
     ``bound`` and ``carry`` are ``last_value`` and ``last_trace`` per row.
 
     With ``stream`` the blocks write ``vs`` and ``adv`` by non-temporal
@@ -541,10 +546,10 @@ def vtrace_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, cb, pb, st
     starts a 64-byte line (:func:`gaescan.backends.numba_cpu._stream`), so
     that every block's loads and stores are aligned too where the inputs
     share the outputs' alignment.  Which steps run in blocks moves with
-    ``phase``, and the blocks' float32 terms differ from the one-row steps'
-    by roundings, so the last bits of a result depend on ``phase`` (within
-    the contract's tolerance); for given buffers they are the same on every
-    call and thread count.
+    ``phase`` and the row's length, and the blocks' float32 terms differ
+    from the one-row steps' by roundings, so the last bits of a result depend
+    on ``phase`` (within the contract's tolerance); for given buffers they
+    are the same on every call and thread count.
 
     With ``state32`` the blocks carry the trace ``D`` in float32 (every term
     on ``<8 x float>``; :func:`gaescan.kernels._lanes.vtrace_lanes_block`):
@@ -553,10 +558,10 @@ def vtrace_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, cb, pb, st
     (:func:`gaescan.backends.vtrace_numba._state32`).
     """
     R, T = r.shape
-    h0, nb, tb, nt = _lane_span(T, phase, stream)
+    h0, nb, tb, nt, sk = _lane_span(T, phase, stream)
     for grp in prange(R // 8):
         _lane_group(r, v, lr, v, False, d, has_term, d, gcol, lcol, bound, carry, rb, cb, pb, state32,
-                    h0, nb, tb, nt, vs, adv, grp * 8)
+                    h0, nb, tb, nt, sk, vs, adv, grp * 8)
 
 
 @_kernel([types.void(_ro(_F4T, 2), _ro(_F4T, 2), _ro(_F4T, 2), _ro(_F4T, 2), _ro(types.uint8, 2),
@@ -572,10 +577,10 @@ def vtrace_lanes_next(r, v, lr, nv, d, tr, gcol, lcol, carry, rb, cb, pb, state3
     bootstrap of each step is ``nv``'s, so ``last_value`` is not read.
     ``phase`` and ``stream`` as in :func:`vtrace_lanes`."""
     R, T = r.shape
-    h0, nb, tb, nt = _lane_span(T, phase, stream)
+    h0, nb, tb, nt, sk = _lane_span(T, phase, stream)
     for grp in prange(R // 8):
         _lane_group(r, v, lr, nv, True, d, True, tr, gcol, lcol, carry, carry, rb, cb, pb, state32,
-                    h0, nb, tb, nt, vs, adv, grp * 8)
+                    h0, nb, tb, nt, sk, vs, adv, grp * 8)
 
 
 # --------------------------------------------------------------------------- time-major fast path
@@ -724,16 +729,16 @@ def vtrace_timemajor_lanes(r, v, lr, d, has_term, gcol, lcol, bound, carry, rb, 
                     w = wide[h]
                     if has_term and state32:
                         _vlanes32_tm_term(r, v, lr, d, vs, adv, c0 + o, t0, sxo, svo, g8o, gl8o, rb, cb, pb, v, d,
-                                          False, w)
+                                          False, w, 0)
                     elif has_term:
                         _vlanes_tm_term(r, v, lr, d, vs, adv, c0 + o, t0, sxo, svo, g8o, gl8o, rb, cb, pb, v, d,
-                                        False, w)
+                                        False, w, 0)
                     elif state32:
                         _vlanes32_tm_plain(r, v, lr, d, vs, adv, c0 + o, t0, sxo, svo, g8o, gl8o, rb, cb, pb, v, d,
-                                           False, w)
+                                           False, w, 0)
                     else:
                         _vlanes_tm_plain(r, v, lr, d, vs, adv, c0 + o, t0, sxo, svo, g8o, gl8o, rb, cb, pb, v, d,
-                                         False, w)
+                                         False, w, 0)
     for c in prange(8 * groups, R):
         g = _f8(gcol[c])
         _tm_column_steps(r, v, lr, d, has_term, c, T, 0, g, g * _f8(lcol[c]), _f8(carry[c]), _f8(bound[c]),
