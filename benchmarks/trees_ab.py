@@ -56,7 +56,7 @@ cases = {
     "scan reverse": lambda: gaescan.linear_scan(v, r, reverse=True, out=a),
     "vtrace dones": lambda: gaescan.vtrace(r, v, lr, gamma=0.99, lam=1.0, dones=d, out=(a, b)),
 }
-out = {"triad GB/s": _triad_bw(B * T, rep) / 1e9}
+out = {"triad GB/s": _triad_bw(B * T, rep)}
 for name, f in cases.items():
     f()
     ts = []
