@@ -32,12 +32,12 @@ import numpy as np
 _HERE = Path(__file__).resolve().parent
 
 _CHILD = r"""
-import json, sys, time
+import json, sys
 sys.path.insert(0, sys.argv[1])
 sys.path.insert(1, sys.argv[2])
 import numpy as np
 import gaescan
-from cpu_bench import _triad_bw
+from cpu_bench import _median, _triad_bw
 B, T, rep = 256, 131072, int(sys.argv[3])
 rng = np.random.default_rng(0)
 r = rng.standard_normal((B, T), dtype=np.float32)
@@ -58,13 +58,7 @@ cases = {
 }
 out = {"triad GB/s": _triad_bw(B * T, rep)}
 for name, f in cases.items():
-    f()
-    ts = []
-    for _ in range(rep):
-        t0 = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t0)
-    out[name] = float(np.median(ts)) * 1e3
+    out[name] = _median(f, rep) * 1e3
 print(json.dumps(out))
 """
 
