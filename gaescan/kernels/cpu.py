@@ -970,9 +970,9 @@ def gae_lanes(rewards, values, next_values, has_next, term, has_term, trunc, mas
     ``_lanes_*`` block (:func:`_rows_block`): eight independent chains per
     instruction, where :func:`_gae_pair` runs two; then each row's steps
     before its first block one row at a time.  The same operations as
-    :func:`_gae_pair`, so the same bits, whatever ``phase`` and ``sk``.  Every array it reads must be
-    contiguous along time (the block addresses rows by their stride and
-    steps by the item size).
+    :func:`_gae_pair`, so the same bits, whatever ``phase`` and ``sk``.
+    Every array it reads must be contiguous along time (the block addresses
+    rows by their stride and steps by the item size).
 
     With ``stream`` the blocks write by non-temporal stores: the caller
     guarantees that step ``phase`` of every row of ``adv`` and ``ret`` starts
@@ -1469,7 +1469,7 @@ _rowret_plain = scan_block("returns", True, has_term=False, time_major=False, st
 
 # Blocks a row holds per 16 steps of lane skew (see _lane_span): lanes
 # shifted by 16·k steps leave 7·16·k steps of each row to the one-row steps,
-# at most 1/32 of a row of _LANE_SKEW_BLOCKS blocks per 16 steps.
+# at most 1/32 of the row's steps.
 _LANE_SKEW_BLOCKS = 224
 _LANE_SKEW_MAX = 64
 
@@ -1488,9 +1488,9 @@ def _lane_span(T, phase, stream):
     apart in memory: rows of a power-of-two length lie a multiple of 4 KiB
     apart, so the same step of each falls in one set of the level-1 data
     cache, which holds fewer ways than a block loads lines.  Lanes one line
-    apart fall in different sets; lanes further apart run faster still on
-    the machines measured (docs/performance.md).  The skew changes which
-    steps run in blocks, not the steps' operations."""
+    apart fall in different sets; lanes further apart ran faster still where
+    measured (docs/performance.md).  The skew changes which steps run in
+    blocks, not the steps' operations."""
     h0 = phase if phase + _LANE_STEPS <= T else 0
     nb = (T - h0) // _LANE_STEPS
     sk = min(_LANE_SKEW_MAX, _LANE_STEPS * (nb // _LANE_SKEW_BLOCKS))
