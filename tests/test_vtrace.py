@@ -907,7 +907,7 @@ def test_timemajor_lanes_kernel_is_thread_count_independent(monkeypatch):
 @pytest.mark.parametrize("T", [3600, 14368])
 @pytest.mark.parametrize("stream", [False, True])
 def test_shifted_lanes_match_the_fused_kernel(monkeypatch, case, T, stream):
-    from gaescan.backends import numba_cpu
+    from gaescan.backends import numba_cpu, vtrace_numba
     from gaescan.kernels import cpu
 
     R = 9
@@ -923,24 +923,18 @@ def test_shifted_lanes_match_the_fused_kernel(monkeypatch, case, T, stream):
         kw.update(next_values=random_data(rng, (R, T), np.float32), terminated=rng.random((R, T)) < 0.01,
                   truncated=rng.random((R, T)) < 0.01)
     name = "vtrace_lanes_next" if case == "next" else "vtrace_lanes"
-    monkeypatch.setattr(vtrace_numba_module(), "SERIAL_MAX_STEPS", 0)
+    monkeypatch.setattr(vtrace_numba, "SERIAL_MAX_STEPS", 0)
     got, one = one_thread_and_all(
         lambda: gaescan.vtrace(**kw, backend="numba", out=tuple(aligned_rows_out(R, T, T, 5))))
     assert calls[0] == name
     assert _vt_same_bits(got, one)
     calls.clear()
     with monkeypatch.context() as m:
-        m.setattr(vtrace_numba_module(), "_lanes_ok", lambda *a, **k: False)
-        m.setattr(vtrace_numba_module(), "_lanes_next_ok", lambda *a: False)
+        m.setattr(vtrace_numba, "_lanes_ok", lambda *a, **k: False)
+        m.setattr(vtrace_numba, "_lanes_next_ok", lambda *a: False)
         fused = gaescan.vtrace(**kw, backend="numba")
     assert calls == ["vtrace_fused"]
     _vt_near_fused(got, fused, R, T, 11 if stream else 0)
     ref = gt.vtrace(**kw)
     assert_close(got.vs, ref.vs, np.float32)
     assert_close(got.advantages, ref.advantages, np.float32)
-
-
-def vtrace_numba_module():
-    from gaescan.backends import vtrace_numba
-
-    return vtrace_numba
