@@ -353,12 +353,17 @@ def _gae_at(rewards, values, next_values, gamma, lam, term, trunc, mask, has_nex
     vt = values[i, j]
     # Selects, not multiplications by (1 - flag): a NaN beyond an episode end
     # must not leak into it.
-    if term[i, j]:
+    # Every array is read on every step, outside the branches (see _flag_at):
+    # ``next_values`` is ``values`` when not ``has_next``.
+    tm = term[i, j] != 0
+    dn = tm | (trunc[i, j] != 0)
+    nvt = next_values[i, j]
+    if tm:
         delta = rewards[i, j] - vt
     else:
-        vn = next_values[i, j] if has_next else v_next
+        vn = nvt if has_next else v_next
         delta = rewards[i, j] + g * vn - vt
-    if term[i, j] or trunc[i, j]:
+    if dn:
         a = _f8(delta)
     else:
         a = _f8(delta) + _f8(g) * _f8(lam[i, j]) * a_next
@@ -651,6 +656,21 @@ def _c2(ft, ro=True):
     return types.Array(ft, 2, "C", readonly=ro)
 
 
+@njit(inline="always")
+def _flag_at(flags, has, i, t):
+    """``has and flags[i, t] != 0`` with the read outside any branch.
+
+    A short-circuit ``and`` (or ``or``, or a conditional expression) puts an
+    array read in a basic block of its own, and Numba then increments and
+    decrements the array's reference count around it at every step of the
+    loop: calls that cost the loop most of its speed.  Without ``has`` the
+    read is at ``[0, 0]`` (``flags`` may be a ``(1, 1)`` placeholder) and its
+    value discarded."""
+    j = i if has else i - i
+    u = t if has else t - t
+    return has & (flags[j, u] != 0)
+
+
 @njit(inline="always", fastmath=_FM)
 def _gstep(rt, vt, vn, dt, g, gl, an):
     # δ in the data dtype, the carried A (``an``, ``gl``) in ``_f8``.  A
@@ -688,7 +708,7 @@ def _row_next(r, v, nv, d, tr, adv, ret, i, t, g, gl, a):
     """One step of row ``i`` at ``t`` with next values (see :func:`_nstep`)."""
     x = v[i, t]
     dt = d[i, t] != 0
-    a = _nstep(r[i, t], x, nv[i, t], dt, dt or tr[i, t] != 0, g, gl, a)
+    a = _nstep(r[i, t], x, nv[i, t], dt, dt | (tr[i, t] != 0), g, gl, a)
     o = adv.dtype.type(a)
     adv[i, t] = o
     ret[i, t] = o + x
@@ -699,7 +719,7 @@ def _row_next(r, v, nv, d, tr, adv, ret, i, t, g, gl, a):
 def _row_mask(r, v, d, m, adv, ret, i, t, has_term, g, gl, a, vn):
     """One masked step of row ``i`` at ``t`` (see :func:`_mstep`)."""
     ft = adv.dtype.type
-    a, vn, b, w = _mstep(r[i, t], v[i, t], has_term and d[i, t] != 0, m[i, t] != 0, g, gl, a, vn, ft(0))
+    a, vn, b, w = _mstep(r[i, t], v[i, t], _flag_at(d, has_term, i, t), m[i, t] != 0, g, gl, a, vn, ft(0))
     o = ft(b)
     adv[i, t] = o
     ret[i, t] = o + w
@@ -929,14 +949,14 @@ def _lane_steps(rewards, values, next_values, has_next, term, has_term, trunc, m
         w = x
         if has_next:
             d = term[i, t] != 0
-            a = _nstep(rewards[i, t], x, next_values[i, t], d, d or trunc[i, t] != 0, g, gl, a)
+            a = _nstep(rewards[i, t], x, next_values[i, t], d, d | (trunc[i, t] != 0), g, gl, a)
             o = np.float32(a)
         elif has_mask:
-            a, vn, b, w = _mstep(rewards[i, t], x, has_term and term[i, t] != 0, mask[i, t] != 0,
+            a, vn, b, w = _mstep(rewards[i, t], x, _flag_at(term, has_term, i, t), mask[i, t] != 0,
                                  g, gl, a, vn, zero)
             o = np.float32(b)
         else:
-            a = _gstep(rewards[i, t], x, vn, has_term and term[i, t] != 0, g, gl, a)
+            a = _gstep(rewards[i, t], x, vn, _flag_at(term, has_term, i, t), g, gl, a)
             o = np.float32(a)
             vn = x
         adv[i, t] = o
@@ -1058,7 +1078,7 @@ def _tm_cols(rewards, values, next_values, has_next, term, has_term, trunc, t, c
         v = values[t, c]
         if has_next:
             e = term[t, c] != 0
-            a = _nstep(rewards[t, c], v, next_values[t, c], e, e or trunc[t, c] != 0, gg[k], gl[k], an[k])
+            a = _nstep(rewards[t, c], v, next_values[t, c], e, e | (trunc[t, c] != 0), gg[k], gl[k], an[k])
         elif has_term:
             a = _gstep(rewards[t, c], v, vn[k], term[t, c] != 0, gg[k], gl[k], an[k])
         else:
@@ -1168,7 +1188,7 @@ def scan_timemajor_lanes(a, b, reverse, initial, phase, stream, units, out):
 def _tm_ret_at(rewards, term, has_term, t, c, g, G, out):
     """The step of :func:`_ret_at` without a mask, γ per column."""
     x = _f8(rewards[t, c])
-    G = x if has_term and term[t, c] != 0 else x + _f8(g) * G
+    G = x if _flag_at(term, has_term, t, c) else x + _f8(g) * G
     out[t, c] = G
     return G
 
@@ -1386,7 +1406,7 @@ def gae_timemajor_next(rewards, values, next_values, term, trunc, gcol, lcol, ca
                 c = np.uint64(c0 + k)
                 v = values[t, c]
                 e = term[t, c] != 0
-                a = _nstep(rewards[t, c], v, next_values[t, c], e, e or trunc[t, c] != 0, gg[k], gl[k], an[k])
+                a = _nstep(rewards[t, c], v, next_values[t, c], e, e | (trunc[t, c] != 0), gg[k], gl[k], an[k])
                 o = ft(a)
                 adv[t, c] = o
                 ret[t, c] = o + v
@@ -1548,7 +1568,7 @@ def _ret_tail(r, d, has_term, i, hi, lo, g, G, out):
     for t in range(hi - 1, lo - 1, -1):
         x = _f8(r[i, t])
         y = x + g * G
-        G = x if has_term and d[i, t] != 0 else y
+        G = x if _flag_at(d, has_term, i, t) else y
         out[i, t] = np.float32(G)
     return G
 

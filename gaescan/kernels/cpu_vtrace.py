@@ -40,7 +40,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ._lanes import log_ratios_outside, sfence, vtrace_lanes_block
-from .cpu import _CU, Kernel, _lane_span, _pair, _ro
+from .cpu import _CU, Kernel, _flag_at, _lane_span, _pair, _ro
 
 _FLOATS = (types.float32, types.float64)
 _f8 = np.float64
@@ -134,6 +134,15 @@ def _core(rt, vt, lrt, vp, g, lam, tm, dn, rb, cb, pb, d_next):
     return dt, vt + dt, a
 
 
+@njit(inline="always")
+def _next_or(next_values, has_next, i, u, vn):
+    """``next_values[i, u]`` with ``has_next``, else ``vn``, read outside any
+    branch (see :func:`gaescan.kernels.cpu._flag_at`): ``next_values`` is a
+    full array either way."""
+    x = next_values[i, u]
+    return x if has_next else vn
+
+
 @njit(inline="always", fastmath=_FM)
 def _span(rewards, values, log_rhos, next_values, gamma, lam, term, trunc, mask, has_next, rb, cb, pb,
           i, e, j0, j1, dn, vn, zero, vs, adv):
@@ -144,8 +153,8 @@ def _span(rewards, values, log_rhos, next_values, gamma, lam, term, trunc, mask,
             tm = term[i, u] != 0
             vt = values[i, u]
             dn, o, q = _core(_f8(rewards[i, u]), _f8(vt), _f8(log_rhos[i, u]),
-                             _f8(next_values[i, u]) if has_next else _f8(vn), _f8(gamma[i, u]),
-                             _f8(lam[i, u]), tm, tm or trunc[i, u] != 0, rb, cb, pb, dn)
+                             _f8(_next_or(next_values, has_next, i, u, vn)), _f8(gamma[i, u]),
+                             _f8(lam[i, u]), tm, tm | (trunc[i, u] != 0), rb, cb, pb, dn)
             vs[i, u] = ft(o)
             adv[i, u] = ft(q)
             vn = vt
@@ -165,8 +174,8 @@ def _span2(rewards, values, log_rhos, next_values, gamma, lam, term, trunc, mask
             tm = term[i0, u] != 0
             vt = values[i0, u]
             d0, o, q = _core(_f8(rewards[i0, u]), _f8(vt), _f8(log_rhos[i0, u]),
-                             _f8(next_values[i0, u]) if has_next else _f8(v0), _f8(gamma[i0, u]),
-                             _f8(lam[i0, u]), tm, tm or trunc[i0, u] != 0, rb, cb, pb, d0)
+                             _f8(_next_or(next_values, has_next, i0, u, v0)), _f8(gamma[i0, u]),
+                             _f8(lam[i0, u]), tm, tm | (trunc[i0, u] != 0), rb, cb, pb, d0)
             vs[i0, u] = ft(o)
             adv[i0, u] = ft(q)
             v0 = vt
@@ -178,8 +187,8 @@ def _span2(rewards, values, log_rhos, next_values, gamma, lam, term, trunc, mask
             tm = term[i1, u] != 0
             vt = values[i1, u]
             d1, o, q = _core(_f8(rewards[i1, u]), _f8(vt), _f8(log_rhos[i1, u]),
-                             _f8(next_values[i1, u]) if has_next else _f8(v1), _f8(gamma[i1, u]),
-                             _f8(lam[i1, u]), tm, tm or trunc[i1, u] != 0, rb, cb, pb, d1)
+                             _f8(_next_or(next_values, has_next, i1, u, v1)), _f8(gamma[i1, u]),
+                             _f8(lam[i1, u]), tm, tm | (trunc[i1, u] != 0), rb, cb, pb, d1)
             vs[i1, u] = ft(o)
             adv[i1, u] = ft(q)
             v1 = vt
@@ -277,7 +286,7 @@ def _terms_next(r, lr, v, nv, d, tr, i, lo, n, g, gl, rb, cb, pb, sc):
     for s in range(n):
         t = np.uint64(lo + s)
         tm = d[i, t] != 0
-        dn = tm or tr[i, t] != 0
+        dn = tm | (tr[i, t] != 0)
         sc[0, s], sc[1, s], sc[2, s], sc[3, s], sc[4, s] = _pre(_exp(_f8(lr[i, t])), _f8(r[i, t]), _f8(v[i, t]),
                                                  _f8(nv[i, t]), tm, dn, g, gl, rb, cb, pb)
 
@@ -287,12 +296,12 @@ def _terms_shift(r, lr, v, d, has_term, i, lo, n, vlast, g, gl, rb, cb, pb, sc):
     # V'_t is the row's next value: v[t + 1] inside the tile, vlast after it.
     for s in range(n - 1):
         t = np.uint64(lo + s)
-        tm = has_term and d[i, t] != 0
+        tm = _flag_at(d, has_term, i, t)
         sc[0, s], sc[1, s], sc[2, s], sc[3, s], sc[4, s] = _pre(_exp(_f8(lr[i, t])), _f8(r[i, t]), _f8(v[i, t]),
                                                  _f8(v[i, t + np.uint64(1)]), tm, tm, g, gl, rb, cb, pb)
     s = n - 1
     t = np.uint64(lo + s)
-    tm = has_term and d[i, t] != 0
+    tm = _flag_at(d, has_term, i, t)
     sc[0, s], sc[1, s], sc[2, s], sc[3, s], sc[4, s] = _pre(_exp(_f8(lr[i, t])), _f8(r[i, t]), _f8(v[i, t]), vlast,
                                              tm, tm, g, gl, rb, cb, pb)
 
@@ -444,10 +453,10 @@ def _row_steps(r, v, lr, nv, has_next, d, has_term, tr, g, lam, i, hi, lo, x, vn
         vt = _f8(v[i, t])
         if has_next:
             tm = d[i, t] != 0
-            x, o, a = _core(_f8(r[i, t]), vt, _f8(lr[i, t]), _f8(nv[i, t]), g, lam, tm, tm or tr[i, t] != 0,
+            x, o, a = _core(_f8(r[i, t]), vt, _f8(lr[i, t]), _f8(nv[i, t]), g, lam, tm, tm | (tr[i, t] != 0),
                             rb, cb, pb, x)
         else:
-            x, o, a = _step(_f8(r[i, t]), vt, _f8(lr[i, t]), has_term and d[i, t] != 0, g, gl, vn, x, rb, cb, pb)
+            x, o, a = _step(_f8(r[i, t]), vt, _f8(lr[i, t]), _flag_at(d, has_term, i, t), g, gl, vn, x, rb, cb, pb)
         vs[i, t] = np.float32(o)
         adv[i, t] = np.float32(a)
         vn = vt
@@ -639,10 +648,10 @@ def vtrace_timemajor(r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound,
                 vt = _f8(v[t, c])
                 if has_next:
                     tm = d[t, c] != 0
-                    dn = tm or tr[t, c] != 0
+                    dn = tm | (tr[t, c] != 0)
                     vp = _f8(nv[t, c])
                 else:
-                    tm = has_term and d[t, c] != 0
+                    tm = _flag_at(d, has_term, t, c)
                     dn = tm
                     vp = vn[q]
                 xn, o, a = _core(_f8(r[t, c]), vt, _f8(lr[t, c]), vp, gg[q], ll[q], tm, dn, rb, cb, pb, x[q])
@@ -659,7 +668,7 @@ def _tm_column_steps(r, v, lr, d, has_term, c, t_end, t_stop, g, gl, x, vn, rb, 
     the trace and the value after them."""
     for t in range(t_end - 1, t_stop - 1, -1):
         vt = _f8(v[t, c])
-        x, o, a = _step(_f8(r[t, c]), vt, _f8(lr[t, c]), has_term and d[t, c] != 0, g, gl, vn, x, rb, cb, pb)
+        x, o, a = _step(_f8(r[t, c]), vt, _f8(lr[t, c]), _flag_at(d, has_term, t, c), g, gl, vn, x, rb, cb, pb)
         vs[t, c] = np.float32(o)
         adv[t, c] = np.float32(a)
         vn = vt
