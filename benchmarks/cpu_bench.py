@@ -162,16 +162,20 @@ def main_cases(tab, B, T, rep, rng):
     return r, v, d, bw
 
 
-def feature_cases(tab, r, v, d, bw, rep, rng):
-    """Every other fused or general path on the same element count."""
+def feature_cases(tab, r, v, d, bw, rep, rng, dtype=np.float32):
+    """Every other fused or general path on the same element count, in ``dtype``
+    (``bw``: the triad's GB/s in that dtype)."""
     B, T = r.shape
     N = B * T
-    nv = rng.standard_normal((B, T), dtype=np.float32)
+    w = np.dtype(dtype).itemsize
+    tag = "" if w == 4 else " f64"
+    r, v = r.astype(dtype, copy=False), v.astype(dtype, copy=False)
+    nv = rng.standard_normal((B, T), dtype=np.float32).astype(dtype, copy=False)
     tr = rng.random((B, T), dtype=np.float32) < 1e-3
     # RLHF-style response mask: a prompt prefix, then the response
     m = np.ones((B, T), dtype=bool)
     m[:, : T // 8] = False
-    a = rng.uniform(0.9, 1.0, (B, T)).astype(np.float32)
+    a = rng.uniform(0.9, 1.0, (B, T)).astype(dtype)
     o1, o2 = np.empty_like(r), np.empty_like(r)
     # packed: the same steps as one row of variable-length sequences
     lengths = rng.integers(T // 4, 2 * T, size=4 * B)
@@ -179,21 +183,22 @@ def feature_cases(tab, r, v, d, bw, rep, rng):
     cu = cu[cu < N]
     cu = np.append(cu, N).astype(np.int64)
     rp, vp, p1, p2 = r.reshape(N), v.reshape(N), o1.reshape(N), o2.reshape(N)
+    # bytes per step: data arrays of ``w`` bytes, flags of one
     cases = [
-        ("gae mask (prompt prefix), gamma=1", 17,
+        ("gae mask (prompt prefix), gamma=1", 4 * w + 1,
          lambda: gaescan.gae(r, v, gamma=1.0, lam=0.95, mask=m, out=(o1, o2))),
-        ("gae next_values+terminated+truncated", 22,
+        ("gae next_values+terminated+truncated", 5 * w + 2,
          lambda: gaescan.gae(r, v, gamma=0.99, lam=0.95, next_values=nv, terminated=d, truncated=tr, out=(o1, o2))),
-        (f"gae packed cu_seqlens ({len(cu) - 1} sequences)", 16,
+        (f"gae packed cu_seqlens ({len(cu) - 1} sequences)", 4 * w,
          lambda: gaescan.gae(rp, vp, gamma=0.99, lam=0.95, cu_seqlens=cu, out=(p1, p2))),
-        ("discounted_returns dones", 9, lambda: gaescan.discounted_returns(r, gamma=0.99, dones=d, out=o1)),
-        ("linear_scan per-step a, reverse", 12, lambda: gaescan.linear_scan(a, r, reverse=True, out=o1)),
-        ("linear_scan per-step a, forward", 12, lambda: gaescan.linear_scan(a, r, out=o1)),
-        ("gae per-step gamma (general kernel)", 21,
+        ("discounted_returns dones", 2 * w + 1, lambda: gaescan.discounted_returns(r, gamma=0.99, dones=d, out=o1)),
+        ("linear_scan per-step a, reverse", 3 * w, lambda: gaescan.linear_scan(a, r, reverse=True, out=o1)),
+        ("linear_scan per-step a, forward", 3 * w, lambda: gaescan.linear_scan(a, r, out=o1)),
+        ("gae per-step gamma (general kernel)", 5 * w + 1,
          lambda: gaescan.gae(r, v, gamma=a, lam=0.95, dones=d, out=(o1, o2))),
     ]
     for name, per, f in cases:
-        tab.add(name, _median(f, rep), per, N, bw, "target >= 0.70x" if "general" not in name else "")
+        tab.add(name + tag, _median(f, rep), per, N, bw, "target >= 0.70x" if "general" not in name else "")
 
 
 def thread_table(r, v, d, rep):
@@ -230,6 +235,10 @@ def main(argv=None):
     r, v, d, bw = main_cases(tab, B, T, args.repeat, rng)
     if args.features:
         feature_cases(tab, r, v, d, bw, args.repeat, rng)
+        # The same paths in float64, against the float64 triad.
+        bw8 = _triad_bw(r.size, args.repeat, np.float64)
+        tab.add(f"STREAM triad, {r.size} elements (f64, for the f64 paths)", 24 * r.size / bw8 / 1e9, 24, r.size, bw8)
+        feature_cases(tab, r, v, d, bw8, args.repeat, rng, np.float64)
     print(f"# python benchmarks/cpu_bench.py --repeat {args.repeat}"
           f"{' --features' if args.features else ''}{' --threads' if args.threads else ''}"
           f"{' --quick' if args.quick else ''}")
