@@ -237,7 +237,7 @@ def main(argv=None):
         feature_cases(tab, r, v, d, bw, args.repeat, rng)
         # The same paths in float64, against the float64 triad.
         bw8 = _triad_bw(r.size, args.repeat, np.float64)
-        tab.add(f"STREAM triad, {r.size} elements (f64, for the f64 paths)", 24 * r.size / bw8 / 1e9, 24, r.size, bw8)
+        tab.add("STREAM triad (f64), for the f64 rows below", 24 * r.size / bw8 / 1e9, 24, r.size, bw8)
         feature_cases(tab, r, v, d, bw8, args.repeat, rng, np.float64)
     print(f"# python benchmarks/cpu_bench.py --repeat {args.repeat}"
           f"{' --features' if args.features else ''}{' --threads' if args.threads else ''}"
