@@ -5,9 +5,9 @@ its runtime, each an atomic operation) around a use of the array that it
 cannot prove balanced within one basic block: for instance an array read
 behind a short-circuit ``and`` / ``or`` in an inlined helper
 (:func:`gaescan.kernels.cpu._flag_at` says how the kernels avoid it).  Inside
-a step loop those calls cost more than the step itself: the masked and the
-``next_values`` steps of the pair kernels ran several times slower with them
-(``benchmarks/results/*-refcount-calls.txt``).
+a step loop those calls cost more than the step itself: with them the
+masked and the ``next_values`` steps of the pair kernels take several times
+as long (``benchmarks/results/*-refcount-calls.txt``).
 
 The check compiles builds afresh in a subprocess (Numba's disk cache keeps no
 IR to inspect) and reads their optimised LLVM IR: every loop that holds a

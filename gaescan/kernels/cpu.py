@@ -353,8 +353,8 @@ def _gae_at(rewards, values, next_values, gamma, lam, term, trunc, mask, has_nex
     vt = values[i, j]
     # Selects, not multiplications by (1 - flag): a NaN beyond an episode end
     # must not leak into it.
-    # Every array is read on every step, outside the branches (see _flag_at):
-    # ``next_values`` is ``values`` when not ``has_next``.
+    # The flags and ``next_values`` (``values`` when not ``has_next``) are
+    # read before the branches, not behind them (see _flag_at).
     tm = term[i, j] != 0
     dn = tm | (trunc[i, j] != 0)
     nvt = next_values[i, j]
@@ -660,12 +660,13 @@ def _c2(ft, ro=True):
 def _flag_at(flags, has, i, t):
     """``has and flags[i, t] != 0`` with the read outside any branch.
 
-    A short-circuit ``and`` (or ``or``, or a conditional expression) puts an
-    array read in a basic block of its own, and Numba then increments and
-    decrements the array's reference count around it at every step of the
-    loop: calls that cost the loop most of its speed.  Without ``has`` the
-    read is at ``[0, 0]`` (``flags`` may be a ``(1, 1)`` placeholder) and its
-    value discarded."""
+    A short-circuit ``and`` or ``or`` puts an array read in a basic block of
+    its own, around which Numba can leave the array's reference counting (an
+    increment and a decrement, atomic calls into its runtime) inside the
+    loop, at every step; in the pair kernels' step loops those calls cost
+    most of the loop's speed (``tests/test_kernel_refcounts.py`` checks the
+    IR).  Without ``has`` the read is at ``[0, 0]`` (``flags`` may be a
+    ``(1, 1)`` placeholder) and its value discarded."""
     j = i if has else i - i
     u = t if has else t - t
     return has & (flags[j, u] != 0)
