@@ -33,11 +33,18 @@ pytestmark = pytest.mark.slow
 # around them are over 150.
 STEP_LOOP_MAX_LINES = 150
 
-# (kernel, dtype): the batch-major pair kernels (every case: plain,
-# terminations, masks, next values) and the time-major returns kernel whose
-# column tails run one step at a time.
+# (kernel, dtype): the batch-major pair kernels of GAE (every case: plain,
+# terminations, masks, next values), returns and scans; the SIMD-lanes
+# kernels, whose rows' ends run one step at a time; the time-major kernels
+# with next values and the returns one; V-trace's fused kernel.  The general
+# kernels (``gae_rows``, ``returns_rows``, ``gae_tm``, ``returns_tm``) keep
+# such calls on their masked-step path, which returns early: written without
+# it they are no faster (``…-refcount-calls.txt``).
 BUILDS = [("gae_rows_fused_1t", "float32"), ("gae_rows_fused_1t", "float64"),
-          ("returns_timemajor_lanes", "float32")]
+          ("returns_rows_fused_1t", "float64"), ("scan_rows", "float64"),
+          ("gae_lanes", "float32"), ("returns_lanes", "float32"), ("vtrace_lanes", "float32"),
+          ("gae_timemajor_next", "float64"), ("returns_timemajor_lanes", "float32"),
+          ("vtrace_fused", "float64")]
 
 
 def _blocks(fn: str) -> tuple[list[str], dict[str, list[str]]]:
