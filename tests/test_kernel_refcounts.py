@@ -48,21 +48,19 @@ BUILDS = [("gae_rows_fused_1t", "float32"), ("gae_rows_fused_1t", "float64"),
 
 
 def _blocks(fn: str) -> tuple[list[str], dict[str, list[str]]]:
+    """The basic blocks of one function's text, in order, and their lines
+    (an unlabelled first block is named ``entry``)."""
     order: list[str] = []
     body: dict[str, list[str]] = {}
     cur = None
     for line in fn.splitlines()[1:]:
         m = re.match(r'^"?([\w.$-]+)"?:', line)
-        if m:
-            cur = m.group(1)
-        elif cur is None:
-            cur = "entry"
-        else:
-            if line.strip() and line.strip() != "}":
-                body[cur].append(line.strip())
-            continue
-        order.append(cur)
-        body[cur] = []
+        if m or cur is None:
+            cur = m.group(1) if m else "entry"
+            order.append(cur)
+            body[cur] = []
+        if not m and line.strip() and line.strip() != "}":
+            body[cur].append(line.strip())
     return order, body
 
 
@@ -157,3 +155,6 @@ def test_the_check_sees_a_call_in_a_loop():
         }
     """)
     assert refcounts_in_loops(ir) == (1, [5])
+    # LLVM leaves the first block unlabelled: its lines still count.
+    assert _blocks("define void @g() {\n  %a = add i64 1, 2\n  br label %x\nx:\n  ret void\n}") == (
+        ["entry", "x"], {"entry": ["%a = add i64 1, 2", "br label %x"], "x": ["ret void"]})
