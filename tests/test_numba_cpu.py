@@ -1304,6 +1304,32 @@ def test_time_major_returns_and_scans_stream_only_where_they_may(build_spy, monk
         assert [k for k, _ in build_spy] == [kernel]
 
 
+def test_time_major_returns_and_scans_need_time_major_outputs(build_spy, monkeypatch):
+    # Inputs in time-major memory, the output not: an ``out`` of the other
+    # layout, or rows given in Fortran order (whose outputs the call allocates
+    # C-contiguous).  The lanes kernels write columns contiguous along the batch,
+    # so these take the general kernels, which follow any strides.
+    monkeypatch.setattr(numba_cpu, "STREAM_MIN_BYTES", 0)
+    rng, r, v, d = _data(40, 16, seed=7, p=0.1)
+    a = rng.uniform(0.5, 1.0, (40, 16)).astype(np.float32)
+    out = np.empty((16, 40), np.float32).T  # (T, B) in batch-major memory
+    rf, df, af = (np.asfortranarray(x.T) for x in (r, d, a))  # (B, T) in time-major memory
+    cases = [
+        (lambda: gaescan.discounted_returns(r, gamma=0.9, dones=d, axis=0, out=out),
+         gt.discounted_returns(r, gamma=0.9, dones=d, axis=0), "returns_tm"),
+        (lambda: gaescan.discounted_returns(rf, gamma=0.9, dones=df), gt.discounted_returns(rf, gamma=0.9, dones=df),
+         "returns_tm"),
+        (lambda: gaescan.linear_scan(a, r, reverse=True, axis=0, out=out), gt.linear_scan(a, r, reverse=True, axis=0),
+         "scan_tm"),
+        (lambda: gaescan.linear_scan(af, rf), gt.linear_scan(af, rf), "scan_tm"),
+    ]
+    for call, ref, kernel in cases:
+        build_spy.clear()
+        got = call()
+        assert [k for k, _ in build_spy] == [kernel]
+        gt.assert_close(got, ref, dtype=np.float32)
+
+
 @pytest.mark.parametrize("units", [1, 2, 5])
 @pytest.mark.parametrize("R,phase", [(3, 5), (8, 7), (13, 0), (9, 1), (12, 13), (24, 10), (200, 9), (520, 4)])
 def test_time_major_lanes_kernels_take_any_width_and_phase(R, phase, units):

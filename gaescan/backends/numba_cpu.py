@@ -591,7 +591,7 @@ def discounted_returns(p: ReturnsProblem) -> None:
         gcol = _column(p.gamma, rows) if p.mask is None and rows.dtype == _F4 else None
         term = None if p.dones is None else _flag8(p.dones)
         phase, stream = _stream_cols(out, out)
-        if gcol is not None and stream and _time_major(r) and (term is None or _time_major(term)):
+        if gcol is not None and stream and _time_major(r, out) and (term is None or _time_major(term)):
             # Eight columns per vector and non-temporal stores (see _gae_fast_time_major).
             _run(cpu.returns_timemajor_lanes, narrow)(r.T, _NO_FLAGS if term is None else term.T, term is not None,
                                                       gcol, bound, phase, True, numba.get_num_threads(), out.T)
@@ -608,7 +608,7 @@ def linear_scan(p: ScanProblem) -> None:
     narrow = _narrow(rows, p.a)
     if _sweep_time_major(rows, b):
         phase, stream = _stream_cols(p.out, p.out)
-        if rows.dtype == _F4 and stream and _time_major(a, b):
+        if rows.dtype == _F4 and stream and _time_major(a, b, p.out):
             # Eight columns per vector and non-temporal stores (see _gae_fast_time_major).
             _run(cpu.scan_timemajor_lanes, narrow)(a.T, b.T, p.reverse, _bound(p.initial, rows), phase, True,
                                                    numba.get_num_threads(), p.out.T)
