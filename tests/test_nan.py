@@ -295,6 +295,48 @@ def test_linear_scan_nonfinite_initial(backend, rng, reverse):
     check(y, ref, np.float64, "linear_scan")
 
 
+# A zero decay at a step that is no done: γ = 0 or λ = 0, or a V-trace
+# log-ratio whose exponential underflows (e = 0, so c = 0).  The float64
+# references of gae, discounted_returns, vtrace and turn_gae multiply by it
+# (0·NaN = NaN: the NaN reaches every earlier step of its episode), and so do
+# the "numba" kernels; the "numpy" and "cuda" backends scan with a zero decay
+# as a select, as linear_scan's contract does, and the NaN stops there.  Both
+# keep a NaN inside its episode; they differ in the steps before a zero decay.
+def _zero_decay_cases():
+    import gaescan
+
+    r = np.ones((1, 9), np.float32)
+    r[0, 5] = np.nan
+    v = np.zeros((1, 9), np.float32)
+    ids = np.arange(9, dtype=np.int32)[None]
+    lr = np.zeros((1, 9), np.float32)
+    lr[0, 3] = -800.0
+    return {
+        "gae lam=0": (lambda b: b.gae(r, v, gamma=0.9, lam=0.0), gt.gae(r, v, gamma=0.9, lam=0.0)),
+        "gae gamma=0": (lambda b: b.gae(r, v, gamma=0.0, lam=0.9), gt.gae(r, v, gamma=0.0, lam=0.9)),
+        "returns gamma=0": (lambda b: (b.returns(r, gamma=0.0),), (gt.discounted_returns(r, gamma=0.0),)),
+        "turn_gae lam=0": (lambda b: gaescan.turn_gae(r, v, ids, gamma=0.9, lam=0.0, backend=b.name),
+                           gt.turn_gae(r, v, ids, gamma=0.9, lam=0.0)),
+        "vtrace lam=0": (lambda b: gaescan.vtrace(r, v, lr * 0, gamma=0.9, lam=0.0, backend=b.name),
+                         gt.vtrace(r, v, lr * 0, gamma=0.9, lam=0.0)),
+        "vtrace exp underflow": (lambda b: gaescan.vtrace(r, v, lr, gamma=0.9, backend=b.name),
+                                 gt.vtrace(r, v, lr, gamma=0.9)),
+    }
+
+
+@pytest.mark.parametrize("case", list(_zero_decay_cases()))
+def test_nonfinite_before_a_zero_decay(backend, request, case):
+    if backend.name != "numba":
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "a zero decay at a step that is no done is a select in the 'numpy' and 'cuda' scans, "
+            "a multiplication in the references and the 'numba' kernels (raised in the issue note)")))
+    call, want = _zero_decay_cases()[case]
+    got = call(backend)
+    assert np.isnan(want[0][0, :6]).all()  # the NaN at step 5 reaches steps 0-5
+    for x, y in zip(got, want, strict=True):
+        check(x, y, np.float32, case)
+
+
 # ------------------------------------------------------------ CUDA tile edges
 
 # Tiny CUDA geometries (threads per block, steps per thread), so that a row of
