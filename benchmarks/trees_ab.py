@@ -7,9 +7,11 @@ the same seeded inputs into preallocated outputs, ``gae`` (with dones, plain,
 and with ``next_values`` and both flags), ``discounted_returns`` with dones,
 ``linear_scan`` reversed and ``vtrace`` with dones, each the median of
 ``--repeat`` calls after a warm-up, and a STREAM triad over the same element
-count (``benchmarks/cpu_bench.py``).
+count (``benchmarks/cpu_bench.py``), on the backend ``--backend`` names
+(default ``"auto"``: the Numba kernels).
 
     python benchmarks/trees_ab.py /path/to/other/tree . --rounds 4
+    python benchmarks/trees_ab.py /path/to/other/tree . --backend numpy --repeat 3
 
 Prints the machine, one line per tree and round (milliseconds), then per case
 the median over rounds of each tree and its ratio to the first tree's (above 1:
@@ -38,7 +40,7 @@ sys.path.insert(1, sys.argv[2])
 import numpy as np
 import gaescan
 from cpu_bench import _median, _triad_bw
-B, T, rep = 256, 131072, int(sys.argv[3])
+B, T, rep, BK = 256, 131072, int(sys.argv[3]), sys.argv[4]
 rng = np.random.default_rng(0)
 r = rng.standard_normal((B, T), dtype=np.float32)
 v = rng.standard_normal((B, T), dtype=np.float32)
@@ -48,13 +50,13 @@ d = rng.random((B, T), dtype=np.float32) < 1e-3
 tr = rng.random((B, T), dtype=np.float32) < 1e-3
 a, b = np.empty_like(r), np.empty_like(r)
 cases = {
-    "gae dones": lambda: gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, out=(a, b)),
-    "gae plain": lambda: gaescan.gae(r, v, gamma=0.99, lam=0.95, out=(a, b)),
+    "gae dones": lambda: gaescan.gae(r, v, gamma=0.99, lam=0.95, dones=d, out=(a, b), backend=BK),
+    "gae plain": lambda: gaescan.gae(r, v, gamma=0.99, lam=0.95, out=(a, b), backend=BK),
     "gae next_values": lambda: gaescan.gae(r, v, gamma=0.99, lam=0.95, next_values=nv, terminated=d,
-                                           truncated=tr, out=(a, b)),
-    "returns dones": lambda: gaescan.discounted_returns(r, gamma=0.99, dones=d, out=a),
-    "scan reverse": lambda: gaescan.linear_scan(v, r, reverse=True, out=a),
-    "vtrace dones": lambda: gaescan.vtrace(r, v, lr, gamma=0.99, lam=1.0, dones=d, out=(a, b)),
+                                           truncated=tr, out=(a, b), backend=BK),
+    "returns dones": lambda: gaescan.discounted_returns(r, gamma=0.99, dones=d, out=a, backend=BK),
+    "scan reverse": lambda: gaescan.linear_scan(v, r, reverse=True, out=a, backend=BK),
+    "vtrace dones": lambda: gaescan.vtrace(r, v, lr, gamma=0.99, lam=1.0, dones=d, out=(a, b), backend=BK),
 }
 out = {"triad GB/s": _triad_bw(B * T, rep)}
 for name, f in cases.items():
@@ -68,6 +70,7 @@ def main() -> None:
     ap.add_argument("trees", nargs="+", help="source trees (directories holding gaescan/)")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--backend", default="auto", help="the backend= of every call")
     args = ap.parse_args()
     trees = [str(Path(t).resolve()) for t in args.trees]
     sys.path.insert(0, str(_HERE))
@@ -80,7 +83,7 @@ def main() -> None:
             # Each tree's own Numba cache: the trees' kernels differ under the same names.
             cache = os.path.join(tempfile.gettempdir(), "gaescan-trees-ab", t.strip("/").replace("/", "_"))
             env = dict(os.environ, NUMBA_CACHE_DIR=cache)
-            proc = subprocess.run([sys.executable, "-c", _CHILD, t, str(_HERE), str(args.repeat)],
+            proc = subprocess.run([sys.executable, "-c", _CHILD, t, str(_HERE), str(args.repeat), args.backend],
                                   capture_output=True, text=True, env=env, cwd="/", check=True)
             res = json.loads(proc.stdout.strip().splitlines()[-1])
             results[t].append(res)

@@ -295,6 +295,39 @@ def test_linear_scan_nonfinite_initial(backend, rng, reverse):
     check(y, ref, np.float64, "linear_scan")
 
 
+# Decays far from zero at every step whose products underflow within a few
+# steps (a chunk's, a tile's, a thread's): no product of nonzero decays is a
+# cut, so a NaN or an infinity reaches every earlier step of its episode (a
+# later one, forward), as in the step-by-step references.  Negative decays
+# check the infinities' signs.
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+@pytest.mark.parametrize("poison", POISON, ids=["nan", "inf", "-inf"])
+def test_nonfinite_through_decays_whose_products_underflow(backend, dtype, poison):
+    import gaescan
+
+    T = 61 if backend.small else 200
+    hit = T // 2
+    tiny = 1e-30 if dtype == np.float32 else 1e-100
+    b = np.ones((3, T), dtype)
+    b[:, hit] = poison
+    a = np.full((3, T), tiny, dtype)
+    a[1] = -tiny
+    a[2, ::2] = -tiny
+    for reverse in (True, False):
+        y = backend.scan(a, b, reverse=reverse)
+        ref = gt.linear_scan(a, b, reverse=reverse)
+        assert (~np.isfinite(ref[:, :hit + 1] if reverse else ref[:, hit:])).all()
+        check(y, ref, dtype, f"linear_scan reverse={reverse}")
+    r, v = b, np.zeros((3, T), dtype)
+    g = np.full((3, T), 0.5, dtype)
+    g[:, ::3] = tiny  # per-step γ: the general paths
+    check(backend.gae(r, v, gamma=g, lam=1.0).advantages, gt.gae(r, v, gamma=g, lam=1.0).advantages, dtype, "gae")
+    lr = np.full((3, T), -30.0, dtype)  # e^-30 per step: products of 64 steps underflow
+    for got, want in zip(gaescan.vtrace(r, v, lr, gamma=0.9, backend=backend.name), gt.vtrace(r, v, lr, gamma=0.9),
+                         strict=True):
+        check(got, want, dtype, "vtrace")
+
+
 # A zero decay at a step that is no done: γ = 0 or λ = 0, or a V-trace
 # log-ratio whose exponential underflows (e = 0, so c = 0).  The float64
 # references of gae, discounted_returns, vtrace and turn_gae multiply by it

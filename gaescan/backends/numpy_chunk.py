@@ -45,6 +45,28 @@ def _step(xp: Any, a: Any, y: Any, b: Any) -> Any:
     return b + xp.where(a == 0, a.dtype.type(0), a * y)
 
 
+def _product(xp: Any, a: Any, p: Any) -> Any:
+    """``a·p``, the decay of a run of steps, for the chunk-scan's carries.
+
+    A zero factor (a cut) gives exactly 0, whatever the other one (a select:
+    0 · NaN would pass a NaN across the cut).  A product of nonzero factors
+    that rounds to zero gives the smallest subnormal of its sign instead: the
+    carry's weight then hands a NaN or an infinity on as the step-by-step
+    recurrence does (a tiny decay is no cut), and adds to a finite carry no
+    more than that subnormal's share of it.
+    """
+    q = a * p
+    tiny = q.dtype.type(np.finfo(q.dtype).smallest_subnormal)
+    cut = a == 0
+    cut |= p == 0
+    if xp is np:  # in place, no temporaries but the masks
+        np.copysign(tiny, q, out=q, where=q == 0)
+        np.copyto(q, q.dtype.type(0), where=cut)
+        return q
+    q = xp.where(q == 0, xp.copysign(tiny, q), q)
+    return xp.where(cut, q.dtype.type(0), q)
+
+
 def _serial(xp: Any, a: Coeff, b: Any, init: Any) -> Any:
     """Reference-order loop over the (short) time axis, vectorised over rows."""
     T = b.shape[1]
@@ -260,15 +282,14 @@ def reverse_scan(xp: Any, a: Coeff, b: Any, init: Any, chunk: int, out: Any = No
     # with the number of chunks.  The in-chunk products P3 meet a carry once.
     # A product is exactly 0 from a cut on (a select, as in _step): a NaN or
     # an infinity beyond the cut must not reach the carry's weight (0 · NaN).
+    # Only a cut: see _product.
     wide = _wide(dtype)
     head_decay = a3[:, :, C - 1].astype(wide)
-    zero, zero_wide = dtype.type(0), wide.type(0)
     for i in range(C - 2, -1, -1):
         ai = a3[:, :, i]
         y3[:, :, i] = _step(xp, ai, y3[:, :, i + 1], y3[:, :, i])
-        cut = ai == 0
-        P3[:, :, i] = xp.where(cut | (P3[:, :, i + 1] == 0), zero, ai * P3[:, :, i + 1])
-        head_decay = xp.where(cut | (head_decay == 0), zero_wide, head_decay * ai)
+        P3[:, :, i] = _product(xp, ai, P3[:, :, i + 1])
+        head_decay = _product(xp, ai.astype(wide), head_decay)
     y_heads = reverse_scan(xp, head_decay, y3[:, :, 0].astype(wide), init.astype(wide), C)
     carry = xp.concatenate([y_heads[:, 1:], init[:, None]], axis=1).astype(dtype)
     return _step(xp, P3, carry[:, :, None], y3).reshape(R, nC * C)[:, pad:]

@@ -25,7 +25,9 @@ that form, compose and apply those maps:
 
 Products with ``alpha == 0`` / ``beta == 0`` are skipped, not computed: a done
 cut and a terminal bootstrap are selects, so a NaN or inf after an episode end
-never reaches the episode before it.
+never reaches the episode before it.  A product of nonzero factors that
+rounds to zero keeps the smallest subnormal of its sign, so that only a cut
+is a zero.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ def build_maps(spec: KernelSpec) -> SimpleNamespace:
     MASKED = spec.masked
     PACKED = spec.packed
     USE_V = spec.use_v
+    TINY = CAST(np.finfo(spec.dtype).smallest_subnormal)
 
 
     @cuda.jit(device=True)
@@ -82,6 +85,13 @@ def build_maps(spec: KernelSpec) -> SimpleNamespace:
             a = a1 * a2
             b = a1 * b2
             c = cuda.fma(a1, c2, c1)
+            # A product of nonzero factors that rounds to zero is no cut: it keeps
+            # the smallest subnormal of its sign, so that apply still hands a NaN
+            # or an infinity on, as the step-by-step recurrence does.
+            if a == zero and a2 != zero:
+                a = TINY if (a1 > zero) == (a2 > zero) else -TINY
+            if b == zero and b2 != zero:
+                b = TINY if (a1 > zero) == (b2 > zero) else -TINY
         if USE_V:
             if h2:
                 if b1 != zero:
