@@ -11,6 +11,9 @@ transposed to ``axis=0``, and ``out`` buffers of any of those layouts.  Every
 result is checked against the float64 references of :mod:`gaescan.testing`,
 against the same call on one thread (bit for bit, into the same buffers), and
 the inputs against their copies.
+
+Marked ``slow`` (CI's slow stage runs it): from a cold kernel cache it compiles
+builds the rest of the default suite does not, several minutes on two cores.
 """
 
 from __future__ import annotations
@@ -144,6 +147,7 @@ def _problem(g):
     return fn, ref, kw, n
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(100))
 def test_lanes_and_streams_on_random_layouts(lanes_everywhere, seed):
     for j in range(5):
