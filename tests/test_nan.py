@@ -336,6 +336,7 @@ def test_nonfinite_through_decays_whose_products_underflow(backend, dtype, poiso
 # as a select, as linear_scan's contract does, and the NaN stops there.  Both
 # keep a NaN inside its episode; they differ in the steps before a zero decay.
 def _zero_decay_cases():
+    """``{case: (call on a backend, reference)}``, both computed when called."""
     import gaescan
 
     r = np.ones((1, 9), np.float32)
@@ -345,26 +346,29 @@ def _zero_decay_cases():
     lr = np.zeros((1, 9), np.float32)
     lr[0, 3] = -800.0
     return {
-        "gae lam=0": (lambda b: b.gae(r, v, gamma=0.9, lam=0.0), gt.gae(r, v, gamma=0.9, lam=0.0)),
-        "gae gamma=0": (lambda b: b.gae(r, v, gamma=0.0, lam=0.9), gt.gae(r, v, gamma=0.0, lam=0.9)),
-        "returns gamma=0": (lambda b: (b.returns(r, gamma=0.0),), (gt.discounted_returns(r, gamma=0.0),)),
+        "gae lam=0": (lambda b: b.gae(r, v, gamma=0.9, lam=0.0), lambda: gt.gae(r, v, gamma=0.9, lam=0.0)),
+        "gae gamma=0": (lambda b: b.gae(r, v, gamma=0.0, lam=0.9), lambda: gt.gae(r, v, gamma=0.0, lam=0.9)),
+        "returns gamma=0": (lambda b: (b.returns(r, gamma=0.0),), lambda: (gt.discounted_returns(r, gamma=0.0),)),
         "turn_gae lam=0": (lambda b: gaescan.turn_gae(r, v, ids, gamma=0.9, lam=0.0, backend=b.name),
-                           gt.turn_gae(r, v, ids, gamma=0.9, lam=0.0)),
+                           lambda: gt.turn_gae(r, v, ids, gamma=0.9, lam=0.0)),
         "vtrace lam=0": (lambda b: gaescan.vtrace(r, v, lr * 0, gamma=0.9, lam=0.0, backend=b.name),
-                         gt.vtrace(r, v, lr * 0, gamma=0.9, lam=0.0)),
+                         lambda: gt.vtrace(r, v, lr * 0, gamma=0.9, lam=0.0)),
         "vtrace exp underflow": (lambda b: gaescan.vtrace(r, v, lr, gamma=0.9, backend=b.name),
-                                 gt.vtrace(r, v, lr, gamma=0.9)),
+                                 lambda: gt.vtrace(r, v, lr, gamma=0.9)),
     }
 
 
-@pytest.mark.parametrize("case", list(_zero_decay_cases()))
+_ZERO_DECAY = _zero_decay_cases()
+
+
+@pytest.mark.parametrize("case", list(_ZERO_DECAY))
 def test_nonfinite_before_a_zero_decay(backend, request, case):
     if backend.name != "numba":
         request.applymarker(pytest.mark.xfail(strict=True, reason=(
             "a zero decay at a step that is no done is a select in the 'numpy' and 'cuda' scans, "
             "a multiplication in the references and the 'numba' kernels (raised in the issue note)")))
-    call, want = _zero_decay_cases()[case]
-    got = call(backend)
+    call, reference = _ZERO_DECAY[case]
+    got, want = call(backend), reference()
     assert np.isnan(want[0][0, :6]).all()  # the NaN at step 5 reaches steps 0-5
     for x, y in zip(got, want, strict=True):
         check(x, y, np.float32, case)
