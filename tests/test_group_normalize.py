@@ -111,6 +111,25 @@ def test_single_member_and_small_groups(be):
 
 
 @pytest.mark.parametrize("be", BACKENDS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_equal_scores_with_eps_zero(be, dtype):
+    # σ + eps = 0: the contract's 0/0 is NaN in that group only, as in the reference,
+    # with no exception and no warning; the other groups are untouched.
+    s = np.array([0.75, 0.75, 0.75, 1.0, 2.0, 4.0], dtype)
+    labels = np.array([3, 3, 3, 8, 8, 8])
+    for opts in ({"ddof": 0}, {"ddof": 1}, {"ddof": 2}, {"leave_one_out": True}):
+        want = gt.group_normalize(s, groups=labels, eps=0.0, **opts)
+        assert np.isnan(want[:3]).all() and np.isfinite(want[3:]).all()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = gaescan.group_normalize(s, groups=labels, eps=0.0, backend=be, **opts)
+            fixed = gaescan.group_normalize(s, group_size=3, eps=0.0, backend=be, **opts)
+        for g in (got, fixed):
+            assert np.isnan(g[:3]).all()
+            gt.assert_close(g[3:], want[3:], dtype=dtype)
+
+
+@pytest.mark.parametrize("be", BACKENDS)
 def test_nan_stays_in_group(be):
     rng = np.random.default_rng(5)
     s = rng.standard_normal(40)

@@ -423,6 +423,12 @@ def test_cuda_group_normalize():
         gt.assert_close(host(got), gt.group_normalize(s, groups=labels, **kw), dtype=np.float32)
     got = gaescan.group_normalize(dev(s), group_size=5, backend="cuda")
     gt.assert_close(host(got), gt.group_normalize(s, group_size=5), dtype=np.float32)
+    # equal scores with eps = 0: 0/0 = NaN in that group only
+    s[:5] = 0.75
+    for kw in ({"groups": dev(np.repeat(np.arange(10), 5))}, {"group_size": 5}):
+        got = host(gaescan.group_normalize(dev(s), eps=0.0, backend="cuda", **kw))
+        assert np.isnan(got[:5]).all()
+        gt.assert_close(got[5:], gt.group_normalize(s, group_size=5, eps=0.0)[5:], dtype=np.float32)
 
 
 @pytest.mark.ptx

@@ -300,8 +300,14 @@ def _normalize(x, mask, has_mask, mean, inv, shift, chunk, y):
 
 def _kernel(func, signatures, **options) -> Kernel:
     """A lazy :class:`~gaescan.kernels.cpu.Kernel` without a float32-state
-    build: these kernels' sums are float64 by design."""
-    return Kernel(func, signatures, narrow=False, **options)
+    build: these kernels' sums are float64 by design.
+
+    Divisions follow IEEE 754 (Numba's ``error_model="numpy"``): ``σ + eps``
+    is zero for a group of equal scores with ``eps = 0``, and its advantages
+    are then ``0/0 = NaN``, as in the references and the other backends, not a
+    ``ZeroDivisionError`` raised from inside the kernel.
+    """
+    return Kernel(func, signatures, narrow=False, error_model="numpy", **options)
 
 
 group_norm_sorted = _kernel(_gn_sorted, _group_sigs_sorted(), parallel=True)
