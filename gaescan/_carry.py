@@ -15,7 +15,9 @@ where ``t_0`` is the slice's first valid step (its last one for a forward
 GAE, ``γ_t`` for returns, ``a_t`` for ``linear_scan``, ``γ_t c_t`` for the
 trace of V-trace; 0 at a done, 1 at a masked position).  The scan's value at
 ``t_0`` for any carry ``c`` is then ``head + decay · c`` — a *select* when
-``decay == 0``, so that a NaN or inf carry never crosses a done.
+``decay == 0``, so that a NaN or inf carry never crosses a done; a product of
+nonzero decays that underflows keeps the smallest subnormal of its sign
+instead of 0, so that such a carry still crosses it, as it does step by step.
 :func:`carry_in` chains these maps across the slices (right to left for the
 reverse scans) and hands every slice the carry it must pass to the ordinary scan (``last_value``, ``last_advantage``,
 ``last_trace`` or ``initial``).  Only ``O(rows)`` numbers ever cross between
@@ -132,15 +134,32 @@ def _decay_product(
         prod = xp.power(xp.float64(a), n.astype(xp.float64))
         if a == 0:
             prod = xp.where(n > 0, 0.0, 1.0)
+        zero = xp.asarray(a == 0)
     else:
         if valid is not None:
             a = xp.where(valid, a, dtype.type(1))
         # A zero decay is a select in the kernels: it must win over an inf/NaN elsewhere.
         zero = xp.any(a == 0, axis=1)
         prod = xp.where(zero, 0.0, xp.prod(a, axis=1, dtype=xp.float64))
+    # Only a cut or a zero decay is a zero product: one of nonzero factors that
+    # underflows, in float64 or when rounded to ``dtype``, keeps the smallest
+    # subnormal of its sign (signed zeros keep the sign), so that the select
+    # of _combine still hands a NaN or an infinity on, as the step-by-step
+    # recurrence does.
+    prod = _nonzero(xp, prod, zero)
     if cut is not None:
         prod = xp.where(xp.any(cut, axis=1), 0.0, prod)
-    return prod.astype(dtype).reshape(layout.batch_shape)
+    return _nonzero(xp, prod.astype(dtype), prod == 0).reshape(layout.batch_shape)
+
+
+def _nonzero(xp: Any, x: Any, zero: Any) -> Any:
+    """``x`` with each 0 that is not a true zero (``zero`` false; ``None``: none
+    is) replaced by the smallest subnormal of its sign."""
+    tiny = x.dtype.type(np.finfo(x.dtype).smallest_subnormal)
+    under = x == 0
+    if zero is not None:
+        under &= ~zero
+    return xp.where(under, xp.copysign(tiny, x), x)
 
 
 # The float64 logarithm of the smallest subnormal: past -_LOG_TINY / -log|a| steps,
@@ -201,7 +220,11 @@ def add_carry(xp: Any, layout: v.Layout, outs: Sequence[Any], a: Any, cut: Any, 
     carry = xp.asarray(carry, dtype=xp.float64).reshape(R)
     start = xp.zeros(R, dtype=np.int64) if cut is None else _after_last_cut(xp, cut)
     lo = int(start.min())
-    if np.ndim(a) == 0 and mask is None:
+    # A finite carry's share where P underflows is below every output's
+    # rounding, so those steps are skipped; a NaN or an infinity reaches them
+    # all, as in the step-by-step recurrence (tiny factors, no cut).
+    finite = bool(xp.all(xp.isfinite(carry)))
+    if np.ndim(a) == 0 and mask is None and finite:
         mag = abs(float(a))
         if mag == 0.0:
             return
@@ -218,6 +241,10 @@ def add_carry(xp: Any, layout: v.Layout, outs: Sequence[Any], a: Any, cut: Any, 
     aw = xp.where(reach, aw, 0.0)
     with np.errstate(invalid="ignore", over="ignore", under="ignore"):
         P = xp.cumprod(aw[:, ::-1], axis=1)[:, ::-1]
+        if not finite:
+            # Only a zero factor, never an underflow, makes P a select.
+            nonzero = xp.cumsum((aw == 0)[:, ::-1], axis=1)[:, ::-1] == 0
+            P = _nonzero(xp, P, ~nonzero)
         # A zero P is a select: an inf or NaN carry never reaches past a cut.
         ok = P != 0
         if valid is not None:

@@ -223,6 +223,34 @@ def test_gae_nan_beyond_a_done_does_not_leak(rng, flag):
     assert_close(adv, ref[0], np.float64)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("poison", [np.nan, np.inf])
+def test_nonfinite_through_slices_whose_decay_underflows(dtype, poison):
+    """A slice's decay product that underflows is no cut: a NaN or an infinity in a
+    later slice reaches the whole row, as in the one-process scan.  0.25^600 is 0
+    in float64, 0.5^200 in float32; every step's decay is nonzero."""
+    T = 1400
+    cuts = [0, 100, 700, 1300, T]
+    r = np.ones((2, T), dtype)
+    v = np.zeros((2, T), dtype)
+    r[:, 1350] = poison
+    lam = np.array([[0.25], [0.5]], dtype)  # per-row λ: the array path, and a scalar γ below
+    for got, want in (
+        (sp_gae(r, v, cuts=cuts, gamma=1.0, lam=lam)[0], gt.gae(r, v, gamma=1.0, lam=lam)[0]),
+        (sp_gae(r, v, cuts=cuts, gamma=0.25, lam=1.0)[0], gt.gae(r, v, gamma=0.25, lam=1.0)[0]),
+        (sp_returns(r, cuts=cuts, gamma=0.25)[0], gt.discounted_returns(r, gamma=0.25)),
+        (sp_scan(np.broadcast_to(lam, (2, T)), r, cuts=cuts, reverse=True)[0],
+         gt.linear_scan(np.broadcast_to(lam, (2, T)), r, reverse=True)),
+        (sp_scan(np.broadcast_to(lam, (2, T)), r[:, ::-1], cuts=cuts, reverse=False)[0][:, ::-1],
+         gt.linear_scan(np.broadcast_to(lam, (2, T)), r[:, ::-1], reverse=False)[:, ::-1]),
+    ):
+        assert not np.isfinite(want[:, :1351]).any()
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+        fin = np.isfinite(want)
+        assert_close(got[fin], want[fin], dtype)
+
+
 def test_gae_fully_masked_rows_and_slices(rng):
     B, T = 4, 40
     cuts = [0, 5, 6, 20, 39, 40]

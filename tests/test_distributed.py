@@ -48,6 +48,9 @@ def _data() -> dict:
     d["mask"][1, 290:1100] = False  # one row with no valid step in the 4-rank run's middle slices
     d["lr"] = (0.7 * rng.standard_normal((B, T))).astype(f32)  # V-trace log-ratios
     d["lt"] = rng.standard_normal(B).astype(f32)  # V-trace last_trace
+    d["r_bad"] = d["r"].copy()
+    d["r_bad"][0, T - 3] = np.nan
+    d["r_bad"][1, T - 3] = np.inf
     return d
 
 
@@ -86,6 +89,12 @@ CASES = {
     "gae_fast_decay_no_dones": (
         lambda m, s: m.gae(s["r"], s["v"], gamma=0.5, lam=0.5, last_advantage=1e30 * s["la"]),
         lambda d: gt.gae(d["r"], d["v"], gamma=0.5, lam=0.5, last_advantage=1e30 * d["la"]),
+    ),
+    # A NaN (row 0) and an infinity (row 1) in the last slice reach the whole row, across
+    # slices whose carry weights underflow (no done): the carry added where it reaches
+    "gae_nonfinite_across_fast_decay": (
+        lambda m, s: m.gae(s["r_bad"], s["v"], gamma=0.5, lam=0.5),
+        lambda d: gt.gae(d["r_bad"], d["v"], gamma=0.5, lam=0.5),
     ),
     "gae_torch": (
         lambda m, s: tuple(x.numpy() for x in m.gae(torch.from_numpy(s["r"]), torch.from_numpy(s["v"]), gamma=0.99,
