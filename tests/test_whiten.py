@@ -409,6 +409,12 @@ def test_cuda_whiten_and_moments(dtype):
     assert np.all(host(out)[:, 1::2] == 0)
     y = gaescan.whiten(dev(x), dev(np.zeros_like(mask)), backend="cuda")
     assert np.all(host(y) == 0)
+    # a non-finite valid element: m2 NaN, so every valid output NaN, also where the mean is ±inf
+    for poison in (np.inf, -np.inf, np.nan):
+        bad = np.arange(12, dtype=dtype).reshape(3, 4)
+        bad[1, 3] = poison
+        for kw in ({}, {"eps": 0.3, "ddof": 0, "shift_mean": False}):
+            gt.assert_close(host(gaescan.whiten(dev(bad), backend="cuda", **kw)), gt.whiten(bad, **kw), dtype=dtype)
     assert float(host(gaescan.moments(dev(x[:0]), backend="cuda").count)) == 0
 
 

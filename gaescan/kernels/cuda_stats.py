@@ -120,7 +120,9 @@ def normalize(x, mask, has_mask, stats, shift_mean, ddof, eps, y):
     mean = stats[1]
     var = stats[2] / (count - ddof) if count > ddof else 0.0
     d = math.sqrt(var + eps)
-    inv = 1.0 / d if d > 0.0 else math.inf
+    # d == 0 (var + eps == 0) gives inf as IEEE division does (the simulator's Python
+    # division would raise); a NaN d (a non-finite valid element) gives NaN.
+    inv = 1.0 / d if d != 0.0 else math.inf
     shift = 0.0 if shift_mean else mean
     i = cuda.grid(1)
     stride = cuda.gridsize(1)
