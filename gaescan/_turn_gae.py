@@ -94,7 +94,8 @@ def _plan(xp: Any, c: dict[str, Any], axis: Any) -> d.Plan:
         dt = getattr(ids, "dtype", type(ids).__name__)
         raise TypeError(
             f"'turn_ids' must be an integer array (one turn id per token), got {dt}; "
-            "pass e.g. turn_ids.astype(numpy.int32)")
+            "pass integer ids, e.g. turn_ids.astype(numpy.int32) (NumPy, CuPy) or "
+            "turn_ids.to(torch.int32) (PyTorch)")
     v.check_same_shape("rewards", r, values=val, turn_ids=ids, mask=v.data_array(xp, c.get("mask"), "mask"))
     dtype = v.result_dtype(r, val, c.get("last_value"), c.get("gamma"), c.get("lam"))
     plan = d._plan_rows(xp, dtype, tuple(r.shape), axis, None)
