@@ -543,6 +543,7 @@ def combine_moments(ms: Any) -> Moments:
     return Moments(*(ctx.from_compute(f) for f in result))
 
 
+@np.errstate(invalid="ignore")  # inf − inf from an infinite element: the NaN is the result
 def _combine(xp: Any, n: Any, mean: Any, m2: Any) -> tuple[Any, Any, Any]:
     """The tree of pairwise merges along axis 0 (float64 arrays of ``xp``)."""
     if n.shape[0] == 0:

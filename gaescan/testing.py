@@ -552,7 +552,8 @@ def moments(x: Any, mask: Any = None, *, backend: str = "auto") -> Moments:
     vals = flat[valid]  # masked elements are never read into any sum
     n = vals.shape[0]
     mean = float(np.sum(vals)) / n if n else 0.0
-    m2 = float(np.sum((vals - mean) ** 2)) if n else 0.0
+    with np.errstate(invalid="ignore"):  # inf − inf where an element is infinite: NaN, as intended
+        m2 = float(np.sum((vals - mean) ** 2)) if n else 0.0
     return Moments(np.asarray(float(n)), np.asarray(mean), np.asarray(m2))
 
 

@@ -90,6 +90,25 @@ def test_nan_at_valid_position(be):
 
 
 @pytest.mark.parametrize("be", BACKENDS)
+@pytest.mark.parametrize("poison", [np.inf, -np.inf, np.nan])
+def test_nonfinite_valid_element_quietly(be, poison):
+    # A non-finite valid element: m2 and every valid output NaN, as in the reference,
+    # and no RuntimeWarning from the inf − inf inside the statistics.
+    x = np.arange(3 * 5000, dtype=np.float64).reshape(3, 5000) % 7
+    x[1, 17] = poison
+    mask = x != 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y = gaescan.whiten(x, mask, backend=be)
+        m = gaescan.moments(x, mask, backend=be)
+        parts = gaescan.combine_moments([gaescan.moments(x[:1], mask[:1], backend=be),
+                                         gaescan.moments(x[1:], mask[1:], backend=be)])
+    gt.assert_close(y, gt.whiten(x, mask))
+    assert np.isnan(float(m.m2)) and np.isnan(float(parts.m2))
+    assert not np.isfinite(float(m.mean)) and not np.isfinite(float(parts.mean))
+
+
+@pytest.mark.parametrize("be", BACKENDS)
 def test_small_counts(be):
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -89,6 +89,10 @@ def group_normalize(xp: Any, scores: Any, labels: Any, group_size: int | None, l
 BLOCK = 1 << 20
 
 
+# An infinite element makes ``x − mean`` (and Chan's ``ma + δ·…``) meet inf − inf:
+# the NaN that results is the statistic's value, as in the references, not an error
+# to warn about.
+@np.errstate(invalid="ignore")
 def _block_moments(xp: Any, flat: Any, m: Any) -> tuple[Any, Any, Any]:
     """Two float64 passes over one block: ``(count, mean, m2)`` as 0-d arrays."""
     f = flat.astype(_F8)
@@ -102,6 +106,7 @@ def _block_moments(xp: Any, flat: Any, m: Any) -> tuple[Any, Any, Any]:
     return count, mean, (d * d).sum()
 
 
+@np.errstate(invalid="ignore")
 def _merge(xp: Any, a: tuple, b: tuple) -> tuple[Any, Any, Any]:
     """Chan's pairwise update of two ``(count, mean, m2)``; an empty side is skipped."""
     na, ma, va = a
