@@ -92,20 +92,27 @@ def _cut_rows(xp: Any, layout: v.Layout, cuts: Sequence[Any], mask: Any) -> Any:
 
 
 def _step_decays(xp: Any, layout: v.Layout, dtype: np.dtype, coeffs: Sequence[Any]) -> Any:
-    """``a_t = ∏ coeffs`` in ``dtype``: a scalar when every coefficient is one, else ``(R, T)``."""
+    """``a_t = ∏ coeffs`` in float64: a scalar when every coefficient is one, else ``(R, T)``.
+
+    A scalar coefficient is first rounded to ``dtype``, the data's precision (as the
+    kernels and the references take γ and λ); arrays enter with their own values
+    (V-trace's float64 trace weights are not rounded, so a weight below float32's
+    range stays nonzero, as in the references).
+    """
+    f8 = np.dtype(np.float64)
     if all(not _is_array(c) for c in coeffs):
-        a = dtype.type(1)
+        a = f8.type(1)
         for c in coeffs:
-            a = a * dtype.type(c)
+            a = a * f8.type(dtype.type(c))
         return a
     a = None
     for c in coeffs:
         if _is_array(c):
-            term = layout.rows(xp, xp.broadcast_to(c, layout.shape)).astype(dtype)
+            term = layout.rows(xp, xp.broadcast_to(c, layout.shape)).astype(f8)
         else:
-            term = dtype.type(c)
+            term = f8.type(dtype.type(c))
         a = term if a is None else a * term
-    return xp.broadcast_to(xp.asarray(a, dtype=dtype), (layout.R, layout.T))
+    return xp.broadcast_to(xp.asarray(a, dtype=f8), (layout.R, layout.T))
 
 
 def _decay_product(
@@ -137,8 +144,9 @@ def _decay_product(
         zero = xp.asarray(a == 0)
     else:
         if valid is not None:
-            a = xp.where(valid, a, dtype.type(1))
-        # A zero decay is a select in the kernels: it must win over an inf/NaN elsewhere.
+            a = xp.where(valid, a, 1.0)
+        # A zero decay is a select here (docs/semantics.md, "A known difference between
+        # backends"): it must win over an inf or NaN factor elsewhere in the row.
         zero = xp.any(a == 0, axis=1)
         prod = xp.where(zero, 0.0, xp.prod(a, axis=1, dtype=xp.float64))
     # Only a cut or a zero decay is a zero product: one of nonzero factors that

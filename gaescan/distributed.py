@@ -285,7 +285,7 @@ def _gae_host(dist: Any, group: Any, world: int, rank: int, kw: dict[str, Any], 
             if any(r is None for r in rows):
                 # No (R, T) view writes through: the second pass, into the same arrays.
                 return _api.gae(**kw, last_advantage=ctx.from_compute(carry), out=res)
-            a = _carry._step_decays(xp, layout, np.dtype(np.float64), [c["gamma"], c["lam"]])
+            a = _carry._step_decays(xp, layout, adv.dtype, [c["gamma"], c["lam"]])
             _carry.add_carry(xp, layout, rows, a, cut, mask, carry)
     return res
 

@@ -245,6 +245,27 @@ def test_nan_does_not_cross_a_done_at_a_cut(backend, rng, flag, field):
     assert_close(adv, ref.advantages, np.float64)
 
 
+@pytest.mark.parametrize("poison", [np.nan, np.inf])
+def test_nonfinite_through_a_trace_weight_below_float32s_range(backend, poison):
+    # float32 data, one log-ratio of −110: c_t = e^−110 ≈ 1.7e-48 is below float32's range
+    # but no zero in the float64 reference, so a NaN or an infinity in a later slice still
+    # reaches the steps before it, in the slices' summaries as in the one-process call.
+    if backend.name != "numba":
+        pytest.skip("the 'numpy' and 'cuda' backends' float32 exponential is 0 there: a zero decay, "
+                    "the difference test_nan.py::test_nonfinite_before_a_zero_decay records")
+    T = 50
+    r = np.linspace(-1, 1, 3 * T, dtype=np.float32).reshape(3, T)
+    lr = np.zeros((3, T), np.float32)
+    lr[:, 20] = -110.0
+    r[:, 40] = poison
+    for cuts in ([0, 10, 21, 30, T], [0, 20, 21, T], list(range(T + 1))):
+        vs, adv, _ = sp_vtrace(r, r, lr, cuts=cuts, gamma=0.5, lam=0.5, backend=backend.name)
+        ref = gt.vtrace(r, r, lr, gamma=0.5, lam=0.5)
+        assert not np.isfinite(ref.vs[:, :41]).any()
+        assert_close(vs, ref.vs, np.float32)
+        assert_close(adv, ref.advantages, np.float32)
+
+
 def test_torch_tensors(rng):
     torch = pytest.importorskip("torch")
     B, T = 3, 40
