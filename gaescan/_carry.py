@@ -100,18 +100,19 @@ def _step_decays(xp: Any, layout: v.Layout, dtype: np.dtype, coeffs: Sequence[An
     range stays nonzero, as in the references).
     """
     f8 = np.dtype(np.float64)
-    if all(not _is_array(c) for c in coeffs):
-        a = f8.type(1)
-        for c in coeffs:
-            a = a * f8.type(dtype.type(c))
-        return a
+    scalar = f8.type(1)
+    for c in coeffs:
+        if not _is_array(c):
+            scalar = scalar * f8.type(dtype.type(c))
     a = None
     for c in coeffs:
         if _is_array(c):
-            term = layout.rows(xp, xp.broadcast_to(c, layout.shape)).astype(f8)
-        else:
-            term = f8.type(dtype.type(c))
-        a = term if a is None else a * term
+            term = layout.rows(xp, xp.broadcast_to(c, layout.shape))
+            a = term.astype(f8, copy=False) if a is None else a * term
+    if a is None:
+        return scalar
+    if scalar != 1:
+        a = a * scalar
     return xp.broadcast_to(xp.asarray(a, dtype=f8), (layout.R, layout.T))
 
 
