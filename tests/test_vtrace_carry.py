@@ -246,13 +246,14 @@ def test_nan_does_not_cross_a_done_at_a_cut(backend, rng, flag, field):
 
 
 @pytest.mark.parametrize("poison", [np.nan, np.inf])
-def test_nonfinite_through_a_trace_weight_below_float32s_range(backend, poison):
+def test_nonfinite_through_a_trace_weight_below_float32s_range(backend, request, poison):
     # float32 data, one log-ratio of −110: c_t = e^−110 ≈ 1.7e-48 is below float32's range
     # but no zero in the float64 reference, so a NaN or an infinity in a later slice still
     # reaches the steps before it, in the slices' summaries as in the one-process call.
     if backend.name != "numba":
-        pytest.skip("the 'numpy' and 'cuda' backends' float32 exponential is 0 there: a zero decay, "
-                    "the difference test_nan.py::test_nonfinite_before_a_zero_decay records")
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "the 'numpy' and 'cuda' backends' float32 exponential is 0 there: a zero decay, the "
+            "difference test_nan.py::test_nonfinite_before_a_zero_decay records")))
     T = 50
     r = np.linspace(-1, 1, 3 * T, dtype=np.float32).reshape(3, T)
     lr = np.zeros((3, T), np.float32)
