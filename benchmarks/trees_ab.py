@@ -8,10 +8,13 @@ and with ``next_values`` and both flags), ``discounted_returns`` with dones,
 ``linear_scan`` reversed and ``vtrace`` with dones, each the median of
 ``--repeat`` calls after a warm-up, and a STREAM triad over the same element
 count (``benchmarks/cpu_bench.py``), on the backend ``--backend`` names
-(default ``"auto"``: the Numba kernels).
+(default ``"auto"``: the Numba kernels).  ``--cases carry`` times the carry
+API's slice summaries on the same inputs instead: ``vtrace_summary`` with
+dones, ``gae_summary`` with dones and a per-step γ, and with scalars.
 
     python benchmarks/trees_ab.py /path/to/other/tree . --rounds 4
     python benchmarks/trees_ab.py /path/to/other/tree . --backend numpy --repeat 3
+    python benchmarks/trees_ab.py /path/to/other/tree . --cases carry --rounds 3
 
 Prints the machine, one line per tree and round (milliseconds), then per case
 the median over rounds of each tree and its ratio to the first tree's (above 1:
@@ -40,7 +43,7 @@ sys.path.insert(1, sys.argv[2])
 import numpy as np
 import gaescan
 from cpu_bench import _median, _triad_bw
-B, T, rep, BK = 256, 131072, int(sys.argv[3]), sys.argv[4]
+B, T, rep, BK, SUITE = 256, 131072, int(sys.argv[3]), sys.argv[4], sys.argv[5]
 rng = np.random.default_rng(0)
 r = rng.standard_normal((B, T), dtype=np.float32)
 v = rng.standard_normal((B, T), dtype=np.float32)
@@ -58,6 +61,13 @@ cases = {
     "scan reverse": lambda: gaescan.linear_scan(v, r, reverse=True, out=a, backend=BK),
     "vtrace dones": lambda: gaescan.vtrace(r, v, lr, gamma=0.99, lam=1.0, dones=d, out=(a, b), backend=BK),
 }
+if SUITE == "carry":
+    g = rng.uniform(0.9, 1.0, (B, T)).astype(np.float32)
+    cases = {
+        "vtrace_summary": lambda: gaescan.vtrace_summary(r, v, lr, gamma=0.99, dones=d, backend=BK),
+        "gae_summary step g": lambda: gaescan.gae_summary(r, v, gamma=g, lam=0.95, dones=d, backend=BK),
+        "gae_summary": lambda: gaescan.gae_summary(r, v, gamma=0.99, lam=0.95, dones=d, backend=BK),
+    }
 out = {"triad GB/s": _triad_bw(B * T, rep)}
 for name, f in cases.items():
     out[name] = _median(f, rep) * 1e3
@@ -71,6 +81,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--backend", default="auto", help="the backend= of every call")
+    ap.add_argument("--cases", choices=("kernels", "carry"), default="kernels",
+                    help="the scans themselves, or the carry API's slice summaries")
     args = ap.parse_args()
     trees = [str(Path(t).resolve()) for t in args.trees]
     sys.path.insert(0, str(_HERE))
@@ -83,7 +95,8 @@ def main() -> None:
             # Each tree's own Numba cache: the trees' kernels differ under the same names.
             cache = os.path.join(tempfile.gettempdir(), "gaescan-trees-ab", t.strip("/").replace("/", "_"))
             env = dict(os.environ, NUMBA_CACHE_DIR=cache)
-            proc = subprocess.run([sys.executable, "-c", _CHILD, t, str(_HERE), str(args.repeat), args.backend],
+            proc = subprocess.run([sys.executable, "-c", _CHILD, t, str(_HERE), str(args.repeat), args.backend,
+                                   args.cases],
                                   capture_output=True, text=True, env=env, cwd="/", check=True)
             res = json.loads(proc.stdout.strip().splitlines()[-1])
             results[t].append(res)
