@@ -24,6 +24,7 @@ would read the device on the host).
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,7 @@ import numpy as np
 
 from . import _dispatch as d
 from . import _validate as v
-from ._arrays import resolve
+from ._arrays import any_dask, resolve, takes_dask
 from ._problem import Coeff, GAEResult, Rows
 
 __all__ = ["turn_gae"]
@@ -71,10 +72,11 @@ class TurnGAEProblem:
     returns: Any
 
 
-def decreasing_ids(p: TurnGAEProblem, row: int) -> ValueError:
-    """The error for ids that decrease along time at valid tokens of row ``row``."""
-    where = (f"row {row}" if len(p.batch_shape) <= 1
-             else f"row {row} (batch index {tuple(int(i) for i in np.unravel_index(row, p.batch_shape))})")
+def decreasing_ids(batch_shape: tuple, row: int) -> ValueError:
+    """The error for ids that decrease along time at valid tokens of row ``row``
+    (rows numbered in C order over ``batch_shape``)."""
+    where = (f"row {row}" if len(batch_shape) <= 1
+             else f"row {row} (batch index {tuple(int(i) for i in np.unravel_index(row, batch_shape))})")
     return ValueError(
         f"turn_ids must be non-decreasing along time at valid (mask-true) tokens, but they decrease in "
         f"{where}; give the turns of a row increasing ids in time order (masked tokens' ids are not read)")
@@ -119,6 +121,7 @@ def _per_row(c: Coeff, rows: Rows) -> Coeff:
     return np.ascontiguousarray(c[:, 0], dtype=rows.dtype) if rows.xp is np else c[:, 0]
 
 
+@takes_dask
 def turn_gae(
     rewards: Any,
     values: Any,
@@ -187,7 +190,9 @@ def turn_gae(
         ``"auto"`` is ``"numba"`` for host arrays and ``"cuda"`` for GPU
         arrays (CuPy, PyTorch CUDA tensors).  ``"numpy"`` takes host arrays
         only.  On the GPU nothing is read back to the host and no stream is
-        synchronised; the ids' order is not checked there.
+        synchronised; the ids' order is not checked there.  Dask arrays
+        (chunked along time and batch in any way) give lazy results; their
+        blocks run on the backend of the chunk type.
 
     Returns
     -------
@@ -221,6 +226,11 @@ def turn_gae(
     >>> ret
     array([3., 3., 2., 2., 2.])
     """
+    if "dask" in sys.modules and any_dask(rewards, values, turn_ids, mask, last_value, gamma, lam, out):
+        from .backends import dask as _dask
+
+        return _dask.turn_gae(rewards, values, turn_ids, gamma=gamma, lam=lam, mask=mask, last_value=last_value,
+                              axis=axis, out=out, backend=backend)
     named = dict(rewards=rewards, values=values, turn_ids=turn_ids, mask=mask, last_value=last_value,
                  gamma=gamma, lam=lam)
     if out is None:

@@ -413,6 +413,7 @@ def test_the_functions_named_as_taking_dask_arrays_take_them():
         "group_normalize": lambda: gaescan.group_normalize(x[:, 0], group_size=2),
         "moments": lambda: gaescan.moments(x),
         "whiten": lambda: gaescan.whiten(x),
+        "turn_gae": lambda: gaescan.turn_gae(x, x, (x > 0).astype(np.int32).cumsum(axis=1), gamma=0.9, lam=0.9),
     }
     assert sorted(_arrays.DASK_FUNCTIONS) == sorted(calls)
     for name, f in calls.items():

@@ -475,11 +475,3 @@ def test_padded_rows(backend, rng, masked):
     got = gaescan.turn_gae(**{**kw, **wide}, out=(out[0, :, :T], out[1, :, :T]), backend=backend)
     np.testing.assert_array_equal(got.advantages, res.advantages)
     np.testing.assert_array_equal(out[:, :, T:], 0)
-
-
-def test_dask_arrays_are_refused_with_the_way_out():
-    da = pytest.importorskip("dask.array")
-    x = da.from_array(np.ones((2, 10), np.float32), chunks=(1, 5))
-    ids = da.from_array(np.zeros((2, 10), np.int32), chunks=(1, 5))
-    with pytest.raises(TypeError, match=r"needs in-memory arrays.*vtrace.*compute them first"):
-        gaescan.turn_gae(x, x, ids, gamma=0.9, lam=0.9)

@@ -534,3 +534,134 @@ def linear_scan(a, b, *, reverse, initial, axis, out, backend) -> Any:
             G.layer[(final, *idx)] = (partial(_scan_block, call, reverse), *inputs(idx), carry[idx])
     (res,) = G.arrays(final, 1)
     return res
+
+
+# --------------------------------------------------------------------------- turn-level GAE
+#
+# turn_gae on Dask arrays is the "cuda" backend's decomposition
+# (gaescan.backends.turn_gae_cuda) written with the lazy scans above, so that
+# a turn may span any number of time blocks:
+#
+# 1. the id of the last valid token before each token: a forward fill (decay 0
+#    and input id at valid tokens, decay 1 and input 0 at masked ones, initial
+#    -inf), exact in float64 for ids within ±2^53; a token starts a turn when it
+#    is valid and that id is -inf or differs from its own;
+# 2. R_k at each start: a reverse scan of the rewards (0 at masked tokens) whose
+#    decay is 0 where the next token starts a turn;
+# 3. A_k and A_k + U_k at the starts: GAE with ``mask`` = the start flags, in
+#    float64;
+# 4. each token's values: a forward fill from the starts, 0 at masked tokens.
+
+_ID_EXACT = 2 ** 53  # every integer of magnitude up to 2^53 is a float64
+
+
+def _shift(x: Any, ax: int, fill: Any, from_next: bool) -> Any:
+    """``x`` one step along ``ax`` with ``x``'s chunks: ``y_t = x_{t+1}`` (``from_next``)
+    or ``x_{t−1}``, and ``fill`` at the end left open."""
+    n = x.shape[ax]
+
+    def cut(lo: int, hi: int) -> Any:
+        return x[tuple(slice(lo, hi) if i == ax else slice(None) for i in range(x.ndim))]
+
+    edge = cut(0, 1).map_blocks(np.full_like, fill_value=fill, dtype=x.dtype)
+    parts = [cut(1, n), edge] if from_next else [edge, cut(0, n - 1)]
+    return da.concatenate(parts, axis=ax).rechunk(x.chunks)
+
+
+def _turn_starts(batch_shape: tuple, ax: int, ids: Any, prev: Any, valid: Any = None,
+                 block_info: Any = None) -> Any:
+    """One block's turn starts from its ids and the id of each token's previous valid
+    token (``prev``, -inf where there is none); on the host, the checks of the ids'
+    range and order at valid tokens (on CuPy chunks, no check: it would read the device)."""
+    xp = _xp(prev)
+    has_prev = prev != -xp.inf
+    start = ~has_prev | (prev != ids.astype(np.float64))
+    if valid is not None:
+        start &= valid
+    if xp is np and ids.size:
+        ok = np.ones(ids.shape, bool) if valid is None else valid
+        big = ids > _ID_EXACT
+        if ids.dtype.kind == "i":
+            big |= ids < -_ID_EXACT
+        if np.any(big & ok):
+            raise ValueError(
+                f"turn_ids with Dask arrays must lie within ±2^53 at valid tokens (the time blocks pass "
+                f"ids on as float64), got {ids[big & ok].flat[0]}; number the turns of each row from 0")
+        bad = ok & has_prev & (prev > ids)
+        if np.any(bad):
+            pos = np.argwhere(bad)[0] + [lo for lo, _ in block_info[None]["array-location"]]
+            row = np.ravel_multi_index(tuple(np.delete(pos, ax)), batch_shape) if batch_shape else 0
+            from .._turn_gae import decreasing_ids
+
+            raise decreasing_ids(batch_shape, int(row))
+    return start
+
+
+def _turn_coefficient(g: Any, name: str, ref: Any, ax: int, dtype: np.dtype) -> Any:
+    """γ or λ of turn_gae: a scalar or per-row array, rounded to the result's dtype
+    (the inner float64 GAE then takes it as it is)."""
+    if g is None:
+        raise TypeError(f"{name!r} is required")
+    if library_of(g) == SCALAR or (isinstance(g, np.ndarray) and g.ndim == 0):
+        c = v.coefficient(np, g, name, tuple(ref.shape), v.layout_of(tuple(ref.shape), -1), dtype, True)
+        return float(dtype.type(c))
+    if not hasattr(g, "shape"):
+        g = np.asarray(g)
+    shape = (1,) * (ref.ndim - g.ndim) + tuple(g.shape)
+    if len(shape) == ref.ndim and shape[ax] != 1 and ref.shape[ax] != 1:
+        raise ValueError(
+            f"{name!r} of shape {tuple(g.shape)} varies along the time axis; turn_gae takes a "
+            f"scalar or per-row {name} (size 1 along the time axis, e.g. shape (B, 1))")
+    return g.astype(dtype).astype(np.float64) if g.dtype.kind == "f" else g
+
+
+def turn_gae(rewards, values, turn_ids, *, gamma, lam, mask, last_value, axis, out, backend) -> Any:
+    """:func:`gaescan.turn_gae` on Dask arrays: turn starts, per-turn sums, the
+    turn-level GAE and the fill back to the tokens, each a lazy scan (see above)."""
+    named = dict(rewards=rewards, values=values, turn_ids=turn_ids, mask=mask, last_value=last_value,
+                 gamma=gamma, lam=lam)
+    ctx = _context(named, out, backend, None)
+    _dispatch.choose(backend, ctx)
+    if rewards is None or values is None or turn_ids is None:
+        raise TypeError("rewards, values and turn_ids are required arrays")
+    if getattr(turn_ids, "dtype", None) is None or turn_ids.dtype.kind not in "iu":
+        dt = getattr(turn_ids, "dtype", type(turn_ids).__name__)
+        raise TypeError(f"'turn_ids' must be an integer array (one turn id per token), got {dt}; "
+                        "pass integer ids, e.g. turn_ids.astype(numpy.int32)")
+    arrs, _ = _data(dict(rewards=rewards, values=values, turn_ids=turn_ids, mask=mask),
+                    ["rewards", "values", "turn_ids", "mask"])
+    ref = arrs["rewards"]
+    ax = _axis(ref, axis)
+    dtype = v.result_dtype(ref, arrs["values"], last_value, gamma, lam)
+    g = _turn_coefficient(gamma, "gamma", ref, ax, dtype)
+    lm = _turn_coefficient(lam, "lam", ref, ax, dtype)
+    lv = last_value
+    if lv is not None and (library_of(lv) == SCALAR or (isinstance(lv, np.ndarray) and lv.ndim == 0)):
+        lv = v.boundary_value(np, lv, "last_value", (), 1, dtype)
+    if ref.size == 0:
+        empty = da.zeros_like(ref, dtype=dtype)
+        return GAEResult(empty, empty.copy())
+    valid = None if arrs.get("mask") is None else arrs["mask"] != 0
+    ids = arrs["turn_ids"]
+    if valid is None:
+        last = ids.astype(np.float64)
+    else:
+        last = linear_scan(da.where(valid, 0.0, 1.0), da.where(valid, ids.astype(np.float64), 0.0),
+                           reverse=False, initial=-np.inf, axis=ax, out=None, backend=backend)
+    prev = _shift(last, ax, -np.inf, from_next=False)
+    batch_shape = tuple(n for i, n in enumerate(ref.shape) if i != ax)
+    start = da.map_blocks(partial(_turn_starts, batch_shape, ax), ids, prev,
+                          *(() if valid is None else (valid,)), dtype=bool)
+    r = ref.astype(np.float64)
+    r = r if valid is None else da.where(valid, r, 0.0)
+    rk = linear_scan(da.where(_shift(start, ax, False, from_next=True), 0.0, 1.0), r, reverse=True,
+                     initial=None, axis=ax, out=None, backend=backend)
+    at_starts = gae(rk, arrs["values"], gamma=g, lam=lm, next_values=None, last_value=lv, last_advantage=None,
+                    dones=None, terminated=None, truncated=None, mask=start, cu_seqlens=None, axis=ax, out=None,
+                    backend=backend)
+    fill = da.where(start, 0.0, 1.0)
+    outs = []
+    for x in at_starts:
+        y = linear_scan(fill, x, reverse=False, initial=None, axis=ax, out=None, backend=backend)
+        outs.append((y if valid is None else da.where(valid, y, 0.0)).astype(dtype))
+    return GAEResult(*outs)

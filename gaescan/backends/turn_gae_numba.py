@@ -99,4 +99,4 @@ def turn_gae(p: TurnGAEProblem) -> None:
         p.advantages[...] = adv
         p.returns[...] = ret
     if bad.any():
-        raise decreasing_ids(p, int(np.argmax(bad)))
+        raise decreasing_ids(p.batch_shape, int(np.argmax(bad)))

@@ -49,7 +49,7 @@ def turn_gae(p: TurnGAEProblem) -> None:
     same_row = row[1:] == row[:-1]
     dec = same_row & (ids[1:] < ids[:-1])
     if dec.any():
-        raise decreasing_ids(p, int(row[1:][np.argmax(dec)]))
+        raise decreasing_ids(p.batch_shape, int(row[1:][np.argmax(dec)]))
     p.advantages[...] = 0
     p.returns[...] = 0
     if row.size == 0:
