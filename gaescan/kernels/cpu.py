@@ -841,7 +841,9 @@ def gae_rows_fused(rewards, values, next_values, has_next, term, has_term, trunc
     more than they hide; figures in ``benchmarks/results/``).
     """
     for u in prange((rewards.shape[0] + 1) // 2):
-        _gae_unit(u, rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
+        # prange's index is unsigned, range's (the serial build) signed: one type
+        # for both lets them share the helper's compiled (and cached) code.
+        _gae_unit(np.int64(u), rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
                   gcol, lcol, bound, carry, adv, ret)
 
 
@@ -1465,7 +1467,7 @@ def returns_rows_fused(rewards, term, has_term, gcol, bound, out):
     and a mask.  ``term`` is a uint8 view (nonzero = done), read only when
     ``has_term``."""
     for u in prange((rewards.shape[0] + 1) // 2):
-        _ret_unit(u, rewards, term, has_term, gcol, bound, out)
+        _ret_unit(np.int64(u), rewards, term, has_term, gcol, bound, out)
 
 
 @kernel(_RET_FUSED_SIGS, fastmath=_FM)

@@ -390,7 +390,9 @@ def vtrace_fused(r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, car
     and ``tr`` both read, zero-stride views of 0 when absent); no mask, no
     packing.  Rows in pairs, pairs in parallel."""
     for u in prange((r.shape[0] + 1) // 2):
-        _fused_unit(u, r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, carry, rb, cb, pb, vs, adv)
+        # prange's index is unsigned, range's (the serial build) signed: one type
+        # for both lets them share _fused_unit's compiled (and cached) code.
+        _fused_unit(np.int64(u), r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, carry, rb, cb, pb, vs, adv)
 
 
 # --------------------------------------------------------------------------- eight rows in SIMD lanes
