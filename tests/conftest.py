@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import subprocess
 import sys
 import threading
 import zlib
@@ -150,6 +151,40 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+# From a cold Numba cache, compiling the kernels takes most of a full run, on
+# one core.  A run of many tests therefore starts a second process that compiles
+# every CPU kernel build into the same disk cache meanwhile, last build first
+# (the tests reach the V-trace, turn-level and statistics kernels late), at a
+# lower priority than the tests; a test whose kernels it has compiled loads them
+# from the cache.  The results do not depend on it (the same builds either way);
+# GAESCAN_TEST_WARMUP=0 turns it off.  Not under the CUDA simulator, whose pass
+# follows a run that filled the cache.
+_WARM_MIN_TESTS = 2000
+_WARM = """
+import os
+os.nice(10)
+from gaescan.kernels import cpu
+for k, dt, serial, narrow in reversed(list(cpu.builds())):
+    k.compile(dt, serial, narrow)
+"""
+_warm_process: list = []
+
+
+def pytest_collection_finish(session):
+    if (len(session.items) < _WARM_MIN_TESTS or _cudasim()
+            or os.environ.get("GAESCAN_TEST_WARMUP", "1") == "0" or not hasattr(os, "nice")):
+        return
+    _warm_process.append(subprocess.Popen([sys.executable, "-c", _WARM], stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
+
+
+def pytest_sessionfinish(session):
+    for proc in _warm_process:
+        proc.kill()
+        proc.wait()
+    _warm_process.clear()
 
 
 def pytest_generate_tests(metafunc):
