@@ -41,7 +41,7 @@ import numpy as np
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
-from .. import _carry, _dispatch, _vtrace
+from .. import _carry, _dispatch, _turn_gae, _vtrace
 from .. import _validate as v
 from .._arrays import SCALAR, Context, library_of
 from .._problem import GAEResult
@@ -591,9 +591,7 @@ def _turn_starts(batch_shape: tuple, ax: int, ids: Any, prev: Any, valid: Any = 
         if np.any(bad):
             pos = np.argwhere(bad)[0] + [lo for lo, _ in block_info[None]["array-location"]]
             row = np.ravel_multi_index(tuple(np.delete(pos, ax)), batch_shape) if batch_shape else 0
-            from .._turn_gae import decreasing_ids
-
-            raise decreasing_ids(batch_shape, int(row))
+            raise _turn_gae.decreasing_ids(batch_shape, int(row))
     return start
 
 
