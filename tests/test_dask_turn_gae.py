@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import assert_unchanged, assert_zero_where, random_data, snapshot
 from test_dask import CHUNKINGS, B, T, check, chunked, compute
-from test_turn_gae import conversation
+from test_turn_gae import conversation, six_turns
 
 import gaescan
 import gaescan.testing as gt
@@ -95,12 +95,9 @@ def test_coefficients_boundaries_and_batch_axes(rng, dtype):
 
 
 def test_masked_tokens_are_not_read_and_nan_stays_in_its_turns(rng):
-    Bn, Tn = 4, 300
-    ids = np.repeat(np.arange(6), 50)[None].repeat(Bn, axis=0)
-    mask = np.ones((Bn, Tn), dtype=bool)
-    mask[:, 120:130] = False
-    kw = dict(rewards=random_data(rng, (Bn, Tn)), values=random_data(rng, (Bn, Tn)), turn_ids=ids, mask=mask,
-              gamma=0.99, lam=0.95, last_value=random_data(rng, (Bn,)))
+    kw = six_turns(rng)
+    ids, mask = kw["turn_ids"], kw["mask"]
+    Bn = ids.shape[0]
     chunks = ((2, 2), (45, 45, 45, 45, 45, 45, 30))
 
     def run(**over):

@@ -219,14 +219,22 @@ def test_input_dtypes_and_strides(backend, rng):
     check(backend, **kw)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_nan_isolation(backend, rng):
+def six_turns(rng):
+    """Four rows of six 50-token turns (ids 0..5), tokens 120..129 (inside turn 2) masked:
+    the arguments of the NaN-isolation tests."""
     B, T = 4, 300
     ids = np.repeat(np.arange(6), 50)[None].repeat(B, axis=0)
     mask = np.ones((B, T), dtype=bool)
     mask[:, 120:130] = False
-    kw = dict(rewards=random_data(rng, (B, T)), values=random_data(rng, (B, T)), turn_ids=ids, mask=mask,
-              gamma=0.99, lam=0.95, last_value=random_data(rng, (B,)))
+    return dict(rewards=random_data(rng, (B, T)), values=random_data(rng, (B, T)), turn_ids=ids, mask=mask,
+                gamma=0.99, lam=0.95, last_value=random_data(rng, (B,)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nan_isolation(backend, rng):
+    kw = six_turns(rng)
+    ids, mask = kw["turn_ids"], kw["mask"]
+    B = ids.shape[0]
     clean = gaescan.turn_gae(**kw, backend=backend)
     # NaN at masked tokens and at values other than a turn's first: never read.
     r, v = kw["rewards"].copy(), kw["values"].copy()
