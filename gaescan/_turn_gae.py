@@ -86,18 +86,33 @@ def _load(name: str) -> Any:
     return importlib.import_module(_MODULES[name])
 
 
-def _plan(xp: Any, c: dict[str, Any], axis: Any) -> d.Plan:
-    r = v.data_array(xp, c["rewards"], "rewards")
-    val = v.data_array(xp, c["values"], "values")
-    ids = c["turn_ids"]
-    if r is None or val is None or ids is None:
-        raise TypeError("rewards, values and turn_ids are required arrays")
+def check_turn_ids(ids: Any) -> None:
+    """The ``TypeError`` for ``turn_ids`` that are not an integer array (every path's check)."""
     if v.is_scalar(ids) or getattr(ids, "dtype", None) is None or ids.dtype.kind not in "iu":
         dt = getattr(ids, "dtype", type(ids).__name__)
         raise TypeError(
             f"'turn_ids' must be an integer array (one turn id per token), got {dt}; "
             "pass integer ids, e.g. turn_ids.astype(numpy.int32) (NumPy, CuPy) or "
             "turn_ids.to(torch.int32) (PyTorch)")
+
+
+def check_per_row(name: str, shape: tuple, data_shape: tuple, axis: int) -> None:
+    """The ``ValueError`` for a γ or λ array of ``shape`` that varies along the time
+    ``axis`` of inputs of ``data_shape`` (broadcast from the right; every path's check)."""
+    full = (1,) * (len(data_shape) - len(shape)) + shape
+    if len(full) == len(data_shape) and full[axis] != 1 and data_shape[axis] != 1:
+        raise ValueError(
+            f"{name!r} of shape {shape} varies along the time axis; turn_gae takes a "
+            f"scalar or per-row {name} (size 1 along the time axis, e.g. shape (B, 1))")
+
+
+def _plan(xp: Any, c: dict[str, Any], axis: Any) -> d.Plan:
+    r = v.data_array(xp, c["rewards"], "rewards")
+    val = v.data_array(xp, c["values"], "values")
+    ids = c["turn_ids"]
+    if r is None or val is None or ids is None:
+        raise TypeError("rewards, values and turn_ids are required arrays")
+    check_turn_ids(ids)
     v.check_same_shape("rewards", r, values=val, turn_ids=ids, mask=v.data_array(xp, c.get("mask"), "mask"))
     dtype = v.result_dtype(r, val, c.get("last_value"), c.get("gamma"), c.get("lam"))
     plan = d._plan_rows(xp, dtype, tuple(r.shape), axis, None)
@@ -105,12 +120,7 @@ def _plan(xp: Any, c: dict[str, Any], axis: Any) -> d.Plan:
     for name in ("gamma", "lam"):
         g = c.get(name)
         if g is not None and not v.is_scalar(g):
-            lay = plan.layout
-            shape = (1,) * (len(lay.shape) - g.ndim) + tuple(g.shape)
-            if shape[lay.axis] != 1 and lay.T != 1:
-                raise ValueError(
-                    f"{name!r} of shape {tuple(g.shape)} varies along the time axis; turn_gae takes a "
-                    f"scalar or per-row {name} (size 1 along the time axis, e.g. shape (B, 1))")
+            check_per_row(name, tuple(g.shape), plan.layout.shape, plan.layout.axis)
     return plan
 
 

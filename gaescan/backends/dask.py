@@ -605,11 +605,7 @@ def _turn_coefficient(g: Any, name: str, ref: Any, ax: int, dtype: np.dtype) -> 
         return float(dtype.type(c))
     if not hasattr(g, "shape"):
         g = np.asarray(g)
-    shape = (1,) * (ref.ndim - g.ndim) + tuple(g.shape)
-    if len(shape) == ref.ndim and shape[ax] != 1 and ref.shape[ax] != 1:
-        raise ValueError(
-            f"{name!r} of shape {tuple(g.shape)} varies along the time axis; turn_gae takes a "
-            f"scalar or per-row {name} (size 1 along the time axis, e.g. shape (B, 1))")
+    _turn_gae.check_per_row(name, tuple(g.shape), tuple(ref.shape), ax)
     return g.astype(dtype).astype(np.float64) if g.dtype.kind == "f" else g
 
 
@@ -622,10 +618,7 @@ def turn_gae(rewards, values, turn_ids, *, gamma, lam, mask, last_value, axis, o
     _dispatch.choose(backend, ctx)
     if rewards is None or values is None or turn_ids is None:
         raise TypeError("rewards, values and turn_ids are required arrays")
-    if getattr(turn_ids, "dtype", None) is None or turn_ids.dtype.kind not in "iu":
-        dt = getattr(turn_ids, "dtype", type(turn_ids).__name__)
-        raise TypeError(f"'turn_ids' must be an integer array (one turn id per token), got {dt}; "
-                        "pass integer ids, e.g. turn_ids.astype(numpy.int32)")
+    _turn_gae.check_turn_ids(turn_ids)
     arrs, _ = _data(dict(rewards=rewards, values=values, turn_ids=turn_ids, mask=mask),
                     ["rewards", "values", "turn_ids", "mask"])
     ref = arrs["rewards"]
