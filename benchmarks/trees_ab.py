@@ -11,10 +11,16 @@ count (``benchmarks/cpu_bench.py``), on the backend ``--backend`` names
 (default ``"auto"``: the Numba kernels).  ``--cases carry`` times the carry
 API's slice summaries on the same inputs instead: ``vtrace_summary`` with
 dones, ``gae_summary`` with dones and a per-step γ, and with scalars.
+``--cases zero-decay`` times the calls whose kernels select at a zero decay:
+``gae`` and ``discounted_returns`` with a per-step γ (the general kernels),
+``gae`` with λ = 0, ``vtrace`` with dones in float32 (also with one log-ratio
+of −200 per 4096 steps, which the lanes kernel takes in float64) and in
+float64, and ``turn_gae`` with turns of 512 tokens.
 
     python benchmarks/trees_ab.py /path/to/other/tree . --rounds 4
     python benchmarks/trees_ab.py /path/to/other/tree . --backend numpy --repeat 3
     python benchmarks/trees_ab.py /path/to/other/tree . --cases carry --rounds 3
+    python benchmarks/trees_ab.py /path/to/other/tree . --cases zero-decay --rounds 3
 
 Prints the machine, one line per tree and round (milliseconds), then per case
 the median over rounds of each tree and its ratio to the first tree's (above 1:
@@ -68,6 +74,22 @@ if SUITE == "carry":
         "gae_summary step g": lambda: gaescan.gae_summary(r, v, gamma=g, lam=0.95, dones=d, backend=BK),
         "gae_summary": lambda: gaescan.gae_summary(r, v, gamma=0.99, lam=0.95, dones=d, backend=BK),
     }
+if SUITE == "zero-decay":
+    g = rng.uniform(0.9, 1.0, (B, T)).astype(np.float32)
+    r8, v8, lr8 = (x.astype(np.float64) for x in (r, v, lr))
+    a8, b8 = np.empty_like(r8), np.empty_like(r8)
+    lw = lr.copy()
+    lw[:, ::4096] = -200.0  # one log-ratio outside the float32 exponential's range per 4096 steps
+    ids = np.repeat(np.arange(T // 512, dtype=np.int32), 512)[None].repeat(B, 0)
+    cases = {
+        "gae step g": lambda: gaescan.gae(r, v, gamma=g, lam=0.95, dones=d, out=(a, b), backend=BK),
+        "returns step g": lambda: gaescan.discounted_returns(r, gamma=g, dones=d, out=a, backend=BK),
+        "gae lam=0": lambda: gaescan.gae(r, v, gamma=0.99, lam=0.0, dones=d, out=(a, b), backend=BK),
+        "vtrace dones": lambda: gaescan.vtrace(r, v, lr, gamma=0.99, lam=1.0, dones=d, out=(a, b), backend=BK),
+        "vtrace wide": lambda: gaescan.vtrace(r, v, lw, gamma=0.99, lam=1.0, dones=d, out=(a, b), backend=BK),
+        "vtrace f64": lambda: gaescan.vtrace(r8, v8, lr8, gamma=0.99, lam=1.0, dones=d, out=(a8, b8), backend=BK),
+        "turn_gae": lambda: gaescan.turn_gae(r, v, ids, gamma=0.99, lam=0.95, out=(a, b), backend=BK),
+    }
 out = {"triad GB/s": _triad_bw(B * T, rep)}
 for name, f in cases.items():
     out[name] = _median(f, rep) * 1e3
@@ -81,8 +103,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--backend", default="auto", help="the backend= of every call")
-    ap.add_argument("--cases", choices=("kernels", "carry"), default="kernels",
-                    help="the scans themselves, or the carry API's slice summaries")
+    ap.add_argument("--cases", choices=("kernels", "carry", "zero-decay"), default="kernels",
+                    help="the scans themselves, the carry API's slice summaries, or the calls whose "
+                         "kernels drop the carry at a zero decay")
     args = ap.parse_args()
     trees = [str(Path(t).resolve()) for t in args.trees]
     sys.path.insert(0, str(_HERE))

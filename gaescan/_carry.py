@@ -15,7 +15,7 @@ where ``t_0`` is the slice's first valid step (its last one for a forward
 GAE, ``γ_t`` for returns, ``a_t`` for ``linear_scan``, ``γ_t c_t`` for the
 trace of V-trace; 0 at a done, 1 at a masked position).  The scan's value at
 ``t_0`` for any carry ``c`` is then ``head + decay · c`` — a *select* when
-``decay == 0``, so that a NaN or inf carry never crosses a done; a product of
+``decay == 0``, so that a NaN or inf carry never crosses a done or a zero decay; a product of
 nonzero decays that underflows keeps the smallest subnormal of its sign
 instead of 0, so that such a carry still crosses it, as it does step by step.
 :func:`carry_in` chains these maps across the slices (right to left for the
@@ -146,8 +146,8 @@ def _decay_product(
     else:
         if valid is not None:
             a = xp.where(valid, a, 1.0)
-        # A zero decay is a select here (docs/semantics.md, "A known difference between
-        # backends"): it must win over an inf or NaN factor elsewhere in the row.
+        # A zero decay is a select, as at every step (docs/semantics.md): it must
+        # win over an inf or NaN factor elsewhere in the row.
         zero = xp.any(a == 0, axis=1)
         prod = xp.where(zero, 0.0, xp.prod(a, axis=1, dtype=xp.float64))
     # Only a cut or a zero decay is a zero product: one of nonzero factors that

@@ -31,7 +31,9 @@ shapes"):
   else with ``__array__`` are copied to the host).  Compare them with
   :func:`assert_close`, whose tolerance is the output dtype's.
 * Dones and terminations are selects, as is ``a == 0`` in
-  :func:`linear_scan` (``y_t = b_t``): a NaN or inf never crosses them.
+  :func:`linear_scan` (``y_t = b_t``) and a zero decay in the other scans
+  (γλ in :func:`gae` and :func:`turn_gae`, γ in :func:`discounted_returns`,
+  γ·c in :func:`vtrace`: the carry is dropped): a NaN or inf never crosses them.
   Masked positions are skipped, never read, and exactly 0 in the output.
 * The arguments are assumed valid; the references do not repeat the
   library's argument checks.  ``out`` and ``backend`` are accepted so that one
@@ -219,7 +221,7 @@ def _gae_row(r, v, nv, term, done, g, gl, m, lo, hi, a_next, v_next, adv, ret):
             continue  # skipped: nothing at t is read, its outputs stay 0
         vp = v_next if nv is None else nv[t]
         delta = r[t] - v[t] if term[t] else r[t] + g[t] * vp - v[t]
-        a = delta if done[t] else delta + gl[t] * a_next
+        a = delta if done[t] or gl[t] == 0 else delta + gl[t] * a_next
         adv[t] = a
         ret[t] = a + v[t]
         a_next = a
@@ -234,7 +236,7 @@ def _gae_rows(r, v, nv, term, done, g, gl, m, a_next, v_next):
     for t in range(r.shape[0] - 1, -1, -1):
         vp = v_next if nv is None else nv[t]
         delta = np.where(term[t], r[t] - v[t], r[t] + g[t] * vp - v[t])
-        a = np.where(done[t], delta, delta + gl[t] * a_next)
+        a = np.where(done[t] | (gl[t] == 0), delta, delta + gl[t] * a_next)
         keep = m[t]
         adv[t] = np.where(keep, a, 0.0)
         ret[t] = np.where(keep, a + v[t], 0.0)
@@ -325,7 +327,7 @@ def _returns_row(r, done, g, m, lo, hi, g_next, out):
     for t in range(hi - 1, lo - 1, -1):
         if not m[t]:
             continue
-        y = r[t] if done[t] else r[t] + g[t] * g_next
+        y = r[t] if done[t] or g[t] == 0 else r[t] + g[t] * g_next
         out[t] = y
         g_next = y
 
@@ -334,7 +336,7 @@ def _returns_row(r, done, g, m, lo, hi, g_next, out):
 def _returns_rows(r, done, g, m, g_next):
     out = np.zeros(r.shape)
     for t in range(r.shape[0] - 1, -1, -1):
-        y = np.where(done[t], r[t], r[t] + g[t] * g_next)
+        y = np.where(done[t] | (g[t] == 0), r[t], r[t] + g[t] * g_next)
         out[t] = np.where(m[t], y, 0.0)
         g_next = np.where(m[t], y, g_next)
     return out
@@ -746,7 +748,8 @@ def _vtrace_row(r, v, lr, nv, term, done, g, lam, m, lo, hi, rb, cb, pb, v_next,
         rho, c, rpg = _clip(rb, e), lam[t] * _clip(cb, e), _clip(pb, e)
         vp = v_next if nv is None else nv[t]
         td = r[t] - v[t] if term[t] else r[t] + g[t] * vp - v[t]
-        dt = rho * td if done[t] else rho * td + g[t] * c * d_next
+        decay = g[t] * c
+        dt = rho * td if done[t] or decay == 0 else rho * td + decay * d_next
         vsp = vp if done[t] else vp + d_next
         adv[t] = rpg * (r[t] - v[t]) if term[t] else rpg * (r[t] + g[t] * vsp - v[t])
         vs[t] = v[t] + dt
@@ -848,7 +851,7 @@ def _turn_gae_row(r, v, ids, m, g, gl, lv, adv, ret):
         for t in tokens:
             rk += r[t]
         u = v[tokens[0]]
-        a = rk + g * u_next - u + gl * a_next
+        a = rk + g * u_next - u if gl == 0 else rk + g * u_next - u + gl * a_next
         for t in tokens:
             adv[t] = a
             ret[t] = a + u

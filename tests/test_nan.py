@@ -329,12 +329,9 @@ def test_nonfinite_through_decays_whose_products_underflow(backend, dtype, poiso
 
 
 # A zero decay at a step that is no done: γ = 0 or λ = 0, or a V-trace
-# log-ratio whose exponential underflows (e = 0, so c = 0).  The float64
-# references of gae, discounted_returns, vtrace and turn_gae multiply by it
-# (0·NaN = NaN: the NaN reaches every earlier step of its episode), and so do
-# the "numba" kernels; the "numpy" and "cuda" backends scan with a zero decay
-# as a select, as linear_scan's contract does, and the NaN stops there.  Both
-# keep a NaN inside its episode; they differ in the steps before a zero decay.
+# log-ratio whose exponential underflows (e = 0, so c = 0).  Every backend and
+# the references drop the carry there, as at a done and as linear_scan does at
+# a_t = 0 (docs/semantics.md): a NaN after it reaches no step before it.
 def _zero_decay_cases():
     """``{case: (call on a backend, reference)}``, both computed when called."""
     import gaescan
@@ -362,17 +359,126 @@ _ZERO_DECAY = _zero_decay_cases()
 
 
 @pytest.mark.parametrize("case", list(_ZERO_DECAY))
-def test_nonfinite_before_a_zero_decay(backend, request, case):
-    if backend.name != "numba":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "a zero decay at a step that is no done is a select in the 'numpy' and 'cuda' scans, "
-            "a multiplication in the references and the 'numba' kernels (raised in the issue note)")))
+def test_nonfinite_before_a_zero_decay(backend, case):
     call, reference = _ZERO_DECAY[case]
     got, want = call(backend), reference()
-    assert np.isnan(want[0][0, :6]).all()  # the NaN at step 5 reaches steps 0-5
+    # The NaN at step 5 stops at the zero decay: steps 0-2 stay finite.
+    assert np.isnan(want[0][0, 5]) and np.isfinite(want[0][0, :3]).all()
     for x, y in zip(got, want, strict=True):
         check(x, y, np.float32, case)
 
+
+
+# Zero decays on every kernel path: the calling thread's kernels (3 × 40),
+# eight rows in SIMD lanes with pair rows beside them (19 × 4096, float32),
+# batch-major and time-major, with each kind of flag.  A NaN in the middle of
+# each row reaches back to the zero decay before it and no further.
+ZERO_FORMS = ["gamma=0", "lam=0", "row-zeros", "step-zeros"]
+
+
+def _zero_coefs(form, rng, shape, dtype):
+    g = np.full(shape[:1] + (1,), 0.97, dtype)
+    lam = 0.95
+    if form == "gamma=0":
+        return 0.0, lam
+    if form == "lam=0":
+        return 0.97, 0.0
+    if form == "row-zeros":
+        g[::2] = 0
+        return g, lam
+    g = np.broadcast_to(g, shape).copy()
+    g[:, shape[1] // 4] = 0
+    g[:, shape[1] // 2 - 3] = 0
+    return g, lam
+
+
+@pytest.mark.parametrize("time_major", [False, True], ids=["batch-major", "time-major"])
+@pytest.mark.parametrize("mode", ["plain", "dones", "mask", "term+trunc"])
+@pytest.mark.parametrize("form", ZERO_FORMS)
+def test_nan_stops_at_a_zero_decay_on_every_path(backend, rng, form, mode, time_major):
+    import gaescan
+
+    cases = [(np.float32, (3, 40)), (np.float64, (3, 40))]
+    if not backend.small:
+        cases.append((np.float32, (19, 4096)))
+    for dtype, shape in cases:
+        T = shape[1]
+        r, v, nv = (random_data(rng, shape, dtype) for _ in range(3))
+        r[:, T // 2] = np.nan
+        gamma, lam = _zero_coefs(form, rng, shape, dtype)
+        flags = {}
+        if mode == "dones":
+            flags["dones"] = random_flags(rng, shape, 0.002)
+        elif mode == "mask":
+            flags["mask"] = rng.random(shape) < 0.9
+        elif mode == "term+trunc":
+            flags = dict(terminated=random_flags(rng, shape, 0.002), truncated=random_flags(rng, shape, 0.002),
+                         next_values=nv)
+        lr = (rng.standard_normal(shape) * 0.3).astype(dtype)
+        ids = np.sort(rng.integers(0, 64, shape), axis=1).astype(np.int32)
+        arrays = dict(r=r, v=v, lr=lr, ids=ids, gamma=gamma, **flags)
+        axis = -1
+        if time_major:
+            arrays = {k: (np.ascontiguousarray(x.T) if isinstance(x, np.ndarray) and x.ndim == 2 else x)
+                      for k, x in arrays.items()}
+            axis = 0
+        a = dict(arrays)
+        r, v, lr, ids, gamma = a.pop("r"), a.pop("v"), a.pop("lr"), a.pop("ids"), a.pop("gamma")
+        what = f"{form} {mode} {np.dtype(dtype).name} {shape}"
+        kw = dict(gamma=gamma, lam=lam, axis=axis, **a)
+        got, want = backend.gae(r, v, **kw), gt.gae(r, v, **kw)
+        assert np.isnan(want[0]).any() and np.isfinite(want[0]).sum() > want[0].size // 2, what
+        for x, y in zip(got, want, strict=True):
+            check(x, y, dtype, "gae " + what)
+        got, want = gaescan.vtrace(r, v, lr, backend=backend.name, **kw), gt.vtrace(r, v, lr, **kw)
+        for x, y in zip(got, want, strict=True):
+            check(x, y, dtype, "vtrace " + what)
+        if mode != "term+trunc":
+            rk = dict(gamma=gamma, axis=axis, **a)
+            check(backend.returns(r, **rk), gt.discounted_returns(r, **rk), dtype, "returns " + what)
+        if mode in ("plain", "mask") and form != "step-zeros":
+            tk = dict(gamma=gamma, lam=lam, axis=axis, **a)
+            got = gaescan.turn_gae(r, v, ids, backend=backend.name, **tk)
+            want = gt.turn_gae(r, v, ids, **tk)
+            for x, y in zip(got, want, strict=True):
+                check(x, y, dtype, "turn_gae " + what)
+
+
+@pytest.mark.parametrize("time_major", [False, True], ids=["batch-major", "time-major"])
+@pytest.mark.parametrize("mode", ["plain", "dones", "term+trunc"])
+def test_nan_stops_at_an_underflowing_trace_weight(backend, rng, mode, time_major):
+    # e^ℓ is 0 in float64 for ℓ = -800 and -inf: a zero trace weight c_t,
+    # whatever the float width of the data (the float32 lanes blocks take
+    # such a block in float64).
+    import gaescan
+
+    cases = [(np.float32, (3, 40)), (np.float64, (3, 40))]
+    if not backend.small:
+        cases += [(np.float32, (19, 4096)), (np.float64, (19, 4096))]
+    for dtype, shape in cases:
+        T = shape[1]
+        r, v, nv = (random_data(rng, shape, dtype) for _ in range(3))
+        r[:, T // 2] = np.nan
+        lr = (rng.standard_normal(shape) * 0.3).astype(dtype)
+        lr[:, T // 4] = -800.0
+        lr[:, T // 2 - 2] = -np.inf
+        kw = {}
+        if mode == "dones":
+            kw["dones"] = random_flags(rng, shape, 0.002)
+        elif mode == "term+trunc":
+            kw = dict(terminated=random_flags(rng, shape, 0.002), truncated=random_flags(rng, shape, 0.002),
+                      next_values=nv)
+        axis = -1
+        if time_major:
+            r, v, lr = (np.ascontiguousarray(x.T) for x in (r, v, lr))
+            kw = {k: np.ascontiguousarray(x.T) for k, x in kw.items()}
+            axis = 0
+        got = gaescan.vtrace(r, v, lr, gamma=0.9, lam=0.95, axis=axis, backend=backend.name, **kw)
+        want = gt.vtrace(r, v, lr, gamma=0.9, lam=0.95, axis=axis, **kw)
+        before = want.vs[:, : T // 2 - 2] if axis == -1 else want.vs[: T // 2 - 2]
+        assert np.isnan(want.vs).any() and np.isfinite(before).all()
+        for x, y in zip(got, want, strict=True):
+            check(x, y, dtype, f"vtrace {mode} {np.dtype(dtype).name} {shape}")
 
 # ------------------------------------------------------------ CUDA tile edges
 

@@ -15,7 +15,9 @@ blocks of batch columns for time-major views (``gae_tm``, ``returns_tm``,
 ``scan_tm``).  Batch-major :func:`discounted_returns` (scalar or per-row γ,
 no mask or packing) and :func:`linear_scan` run their pair kernels, or, on
 float32 rows contiguous along time above ``SERIAL_MAX_STEPS``, eight rows
-at a time in SIMD lanes (:func:`_scan_lanes_ok`).
+at a time in SIMD lanes (:func:`_scan_lanes_ok`).  A zero decay (γ or λ
+zero in a row) sends a call to the general kernels too: they drop the carry
+there, as at a done, where the fused kernels multiply by the decay.
 
 State precision: a float32 output carries its recurrence state in float64
 (:mod:`gaescan.kernels.cpu`) unless every decay is known to be far from 1:
@@ -211,8 +213,8 @@ def _gae_packed(p: GAEProblem, rows: Rows) -> bool:
     S, N = rows.nseg, rows.T
     if rows.dtype != _F4 or S < 8 or N < PACKED_MIN_MEAN_STEPS * S or N <= SERIAL_MAX_STEPS:
         return False
-    if not (isinstance(p.gamma, float) and isinstance(p.lam, float)):
-        return False
+    if not (isinstance(p.gamma, float) and isinstance(p.lam, float) and p.gamma and p.lam):
+        return False  # per-step or zero decays: the general kernel (see _fused_prep)
     if int(np.diff(rows.cu_seqlens).max()) > PACKED_MAX_SEQUENCE_SHARE * N:
         return False
     has_next = p.next_values is not None
@@ -377,7 +379,10 @@ _PREPS: dict[tuple, tuple[Rows, _Fused]] = {}
 
 
 def _fused_prep(p: GAEProblem, rows: Rows) -> _Fused | None:
-    """The fused kernels' preparation, or ``None`` when γ or λ varies along time."""
+    """The fused kernels' preparation, or ``None`` when γ or λ varies along
+    time or is zero in a row: the fused kernels multiply by the decay γλ,
+    where the general kernels drop the carry at a zero decay, as at a done
+    (docs/semantics.md; a NaN after a zero decay reaches no step before it)."""
     g, lam, lv, la = p.gamma, p.lam, p.last_value, p.last_advantage
     key = None
     if (type(g) is float and type(lam) is float and g and lam and type(lv) is float
@@ -388,7 +393,7 @@ def _fused_prep(p: GAEProblem, rows: Rows) -> _Fused | None:
             return entry[1]
     gcol = _column(g, rows)
     lcol = None if gcol is None else _column(lam, rows)
-    if lcol is None:
+    if lcol is None or not (gcol.all() and lcol.all()):
         return None
     prep = _Fused(gcol, lcol, _bound(lv, rows), _bound(la, rows), _gae_narrow(p, rows, gcol, lcol), rows)
     if key is not None:
@@ -565,7 +570,7 @@ def discounted_returns(p: ReturnsProblem) -> None:
     r = _data(p.rewards, rows)
     if rows.cu_seqlens is None and p.mask is None and not _sweep_time_major(rows, r):
         gcol = _column(p.gamma, rows)
-        if gcol is not None:
+        if gcol is not None and gcol.all():  # a zero γ: the general kernel (see _fused_prep)
             kernel = cpu.returns_rows_fused_1t if rows.R * rows.T <= SERIAL_MAX_STEPS else cpu.returns_rows_fused
             term = _NO_FLAGS if p.dones is None else _flag8(p.dones)
             narrow = _narrow(rows, p.gamma, cols=(gcol,))
@@ -591,7 +596,7 @@ def discounted_returns(p: ReturnsProblem) -> None:
         gcol = _column(p.gamma, rows) if p.mask is None and rows.dtype == _F4 else None
         term = None if p.dones is None else _flag8(p.dones)
         phase, stream = _stream_cols(out, out)
-        if gcol is not None and stream and _time_major(r, out) and (term is None or _time_major(term)):
+        if gcol is not None and gcol.all() and stream and _time_major(r, out) and (term is None or _time_major(term)):
             # Eight columns per vector and non-temporal stores (see _gae_fast_time_major).
             _run(cpu.returns_timemajor_lanes, narrow)(r.T, _NO_FLAGS if term is None else term.T, term is not None,
                                                       gcol, bound, phase, True, numba.get_num_threads(), out.T)

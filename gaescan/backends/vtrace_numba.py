@@ -19,7 +19,9 @@ lanes (``vtrace_timemajor_lanes``).  Batch-major float32 calls with
 ``next_values`` and both flag arrays (terminations and truncations, each
 consecutive along time) above ``SERIAL_MAX_STEPS`` take the lanes kernel
 that reads them (``vtrace_lanes_next``).  The lanes kernels carry the trace
-in float32 where GAE's kernels would carry theirs (:func:`_state32`).  Every
+in float32 where GAE's kernels would carry theirs (:func:`_state32`); they
+serve no call with a zero γλ in a row (their float32 blocks multiply by the
+decay, where every other kernel drops the carry at a zero decay).  Every
 other call (masks, packing, per-step γ or λ, other strides) takes the
 general kernel (``vtrace_rows``), which reads any strides.  Below
 ``SERIAL_MAX_STEPS`` steps a call runs on the calling thread: waking the
@@ -129,7 +131,10 @@ def vtrace(p: VTraceProblem) -> None:
                 d = _NO_FLAGS if p.terminated is None else _flag8(p.terminated)
                 has_term, tr = p.terminated is not None, _NO_FLAGS
             nv = values if nv is None else nv
-            if tm and _lanes_ok(rows, p, d, time_major=True):
+            # The SIMD-lanes kernels' float32 blocks multiply by the decay; a
+            # zero γλ takes the kernels that drop the carry there (docs/semantics.md).
+            lanes = bool(gcol.all() and lcol.all())
+            if tm and lanes and _lanes_ok(rows, p, d, time_major=True):
                 # Eight batch columns at a time in SIMD lanes.
                 k.vtrace_timemajor_lanes(r.T, values.T, lr.T, d.T, has_term, gcol, lcol, bound, carry, p.rho_bar,
                                          p.c_bar, p.pg_rho_bar, _state32(rows, p, gcol, lcol),
@@ -138,7 +143,7 @@ def vtrace(p: VTraceProblem) -> None:
                 _kernel(k.vtrace_timemajor, n, rows.dtype)(
                     r.T, values.T, lr.T, nv.T, p.next_values is not None, d.T, has_term, tr.T, gcol, lcol, bound,
                     carry, p.rho_bar, p.c_bar, p.pg_rho_bar, p.vs.T, p.advantages.T)
-            elif _lanes_next_ok(rows, p, d, tr):
+            elif lanes and _lanes_next_ok(rows, p, d, tr):
                 # next_values with both flag arrays: eight rows at a time in SIMD lanes.
                 k.vtrace_lanes_next(r, values, lr, nv, d, tr, gcol, lcol, carry, p.rho_bar, p.c_bar,
                                     p.pg_rho_bar, _state32(rows, p, gcol, lcol), *_lanes_stream(p), p.vs,
@@ -148,7 +153,7 @@ def vtrace(p: VTraceProblem) -> None:
                     s = slice(r8, None)
                     k.vtrace_fused(r[s], values[s], lr[s], nv[s], True, d[s], True, tr[s], gcol[s], lcol[s],
                                    bound[s], carry[s], p.rho_bar, p.c_bar, p.pg_rho_bar, p.vs[s], p.advantages[s])
-            elif _lanes_ok(rows, p, d):
+            elif lanes and _lanes_ok(rows, p, d):
                 # Eight rows at a time in SIMD lanes, the last R % 8 rows in pairs.
                 k.vtrace_lanes(r, values, lr, d, has_term, gcol, lcol, bound, carry, p.rho_bar, p.c_bar,
                                p.pg_rho_bar, _state32(rows, p, gcol, lcol), *_lanes_stream(p), p.vs, p.advantages)

@@ -657,7 +657,9 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False
     (:mod:`gaescan.kernels.cpu_vtrace`): ``e = exp(lr)``, the bracket
     ``w = r + γV' − v`` (``r − v`` at a done), ``δ = min(ρ̄, e)·w``, the
     carry ``D = δ + γλ·min(c̄, e)·D'`` (``D = δ`` at a done: a select, so a
-    NaN beyond the episode's end never reaches it), ``vs = v + D`` and the
+    NaN beyond the episode's end never reaches it; so at a zero decay, which
+    only the float64 form below meets: the callers give these blocks no zero
+    γλ, and ``e`` is positive in the float32 range), ``vs = v + D`` and the
     advantage ``min(ρ̄pg, e)·(w + γ·D')`` (``D'`` taken as 0 at a done).
 
     ``e``, ``w`` and the advantage are computed on ``<8 x float>``
@@ -753,7 +755,10 @@ def vtrace_lanes_block(has_term: bool, steps: int = 16, time_major: bool = False
                     w = builder.fsub(builder.call(fma, [g, wide(NV[s]) if has_next else vn, rt]), vt)
                     w, cw, xm = cut(s, rt, vt, w, builder.fmul(gl, clip(cb, e)), zero, x, zero)
                     a = builder.fmul(clip(pb, e), builder.call(fma, [g, xm, w]))
-                    x = builder.call(fma, [cw, xm, builder.fmul(clip(rb, e), w)])
+                    # A zero decay (a done's, γλ = 0, or e underflowing, which only
+                    # this float64 form meets) drops the carry, as a done does.
+                    xc = builder.select(builder.fcmp_ordered("==", cw, zero), zero, xm)
+                    x = builder.call(fma, [cw, xc, builder.fmul(clip(rb, e), w)])
                     out_s[s] = builder.fptrunc(builder.fadd(vt, x), v8f)
                     out_a[s] = builder.fptrunc(a, v8f)
                     vn = vt

@@ -363,10 +363,13 @@ def _gae_at(rewards, values, next_values, gamma, lam, term, trunc, mask, has_nex
     else:
         vn = nvt if has_next else v_next
         delta = rewards[i, j] + g * vn - vt
-    if dn:
+    # A zero decay γλ drops the carry as a done does (a select): the steps
+    # before it do not depend on the steps after it (docs/semantics.md).
+    gl = _f8(g) * _f8(lam[i, j])
+    if dn or gl == 0:
         a = _f8(delta)
     else:
-        a = _f8(delta) + _f8(g) * _f8(lam[i, j]) * a_next
+        a = _f8(delta) + gl * a_next
     a_out = adv.dtype.type(a)
     adv[i, j] = a_out
     ret[i, j] = a_out + vt
@@ -379,10 +382,11 @@ def _ret_at(rewards, gamma, dones, mask, i, j, G, zero, out):
     if not mask[i, j]:
         out[i, j] = zero
         return G
-    if dones[i, j]:
+    g = gamma[i, j]
+    if dones[i, j] or g == 0:  # a zero γ drops the carry, as a done does
         G = _f8(rewards[i, j])
     else:
-        G = _f8(rewards[i, j]) + _f8(gamma[i, j]) * G
+        G = _f8(rewards[i, j]) + _f8(g) * G
     out[i, j] = G
     return G
 

@@ -105,7 +105,9 @@ def _turn_step(rsum, g, gl, u, u_next, a_next):
     when LLVM inlines it, so ``A_k + U_k`` is never simplified algebraically
     (which would make the return finite where ``U_k`` is inf or NaN).
     """
-    ak = rsum + g * u_next - u + gl * a_next
+    ak = rsum + g * u_next - u
+    if gl != 0:  # a zero decay γλ drops the carry (a select, as at a done)
+        ak = ak + gl * a_next
     return ak, ak + u
 
 

@@ -128,7 +128,9 @@ def _core(rt, vt, lrt, vp, g, lam, tm, dn, rb, cb, pb, d_next):
     # Selects, not multiplications by (1 - flag).
     td = rt - vt if tm else rt + g * vp - vt
     delta = _clip(rb, e) * td
-    dt = delta if dn else delta + g * (lam * _clip(cb, e)) * d_next
+    # A zero decay (γ or λ zero, or e underflowing) drops the carry as a done does.
+    decay = g * (lam * _clip(cb, e))
+    dt = delta if dn or decay == 0 else delta + decay * d_next
     vsp = vp if dn else vp + d_next
     a = _clip(pb, e) * (rt - vt if tm else rt + g * vsp - vt)
     return dt, vt + dt, a
@@ -258,8 +260,8 @@ def vtrace_rows(rewards, values, log_rhos, next_values, gamma, lam, term, trunc,
 #    γλc_t (0 at a done), the advantage's bracket w_t, ρpg_t and the carry's
 #    mask (0.0 at a done, else 1.0);
 # 2. descending, the only loop-carried chain, two rows interleaved:
-#    ``D_t = δ_t + γλc_t · (D_{t+1} if not done else 0)``, one select and one
-#    FMA per step;
+#    ``D_t = δ_t + γλc_t · (D_{t+1} if γλc_t != 0 else 0)``, one select and one
+#    FMA per step (the weight is 0 at a done: a done or a zero decay drops the carry);
 # 3. ascending and vectorised: both outputs from the scratch.
 #
 # Each input element is read from memory once and each output written once.
@@ -354,15 +356,15 @@ def _fused_unit(u, r, v, lr, nv, has_next, d, has_term, tr, gcol, lcol, bound, c
             sc1[5, n] = x1
             # The only loop-carried chain, two rows interleaved.
             for s in range(n - 1, -1, -1):
-                x0 = sc0[0, s] + sc0[1, s] * (x0 if sc0[4, s] != 0.0 else 0.0)
+                x0 = sc0[0, s] + sc0[1, s] * (x0 if sc0[1, s] != 0.0 else 0.0)
                 sc0[5, s] = x0
-                x1 = sc1[0, s] + sc1[1, s] * (x1 if sc1[4, s] != 0.0 else 0.0)
+                x1 = sc1[0, s] + sc1[1, s] * (x1 if sc1[1, s] != 0.0 else 0.0)
                 sc1[5, s] = x1
             _emit(v, k, lo, n, g1, sc1, vs, adv)
             vl1 = _f8(v[k, np.uint64(lo)])
         else:
             for s in range(n - 1, -1, -1):
-                x0 = sc0[0, s] + sc0[1, s] * (x0 if sc0[4, s] != 0.0 else 0.0)
+                x0 = sc0[0, s] + sc0[1, s] * (x0 if sc0[1, s] != 0.0 else 0.0)
                 sc0[5, s] = x0
         _emit(v, i, lo, n, g0, sc0, vs, adv)
         vl0 = _f8(v[i, np.uint64(lo)])
@@ -441,7 +443,8 @@ def _step(rt, vt, lrt, tm, g, gl, vn, x, rb, cb, pb):
     cw = 0.0 if tm else gl * _clip(cb, e)
     xm = 0.0 if tm else x
     a = _clip(pb, e) * (g * xm + w)
-    x = cw * xm + _clip(rb, e) * w
+    # The chain's carry: dropped at a zero decay (a done's, or γλ·c = 0), as at a done.
+    x = cw * (xm if cw != 0 else 0.0) + _clip(rb, e) * w
     return x, vt + x, a
 
 
