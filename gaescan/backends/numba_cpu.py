@@ -16,8 +16,10 @@ blocks of batch columns for time-major views (``gae_tm``, ``returns_tm``,
 no mask or packing) and :func:`linear_scan` run their pair kernels, or, on
 float32 rows contiguous along time above ``SERIAL_MAX_STEPS``, eight rows
 at a time in SIMD lanes (:func:`_scan_lanes_ok`).  A zero decay (γ or λ
-zero in a row) sends a call to the general kernels too: they drop the carry
-there, as at a done, where the fused kernels multiply by the decay.
+zero in a row, γ in a row for returns) drops the carry there, as a done does:
+the batch-major pair kernel runs such a GAE row without it; a call with one
+takes no lanes, time-major fused or packed kernel (they multiply by the
+decay), and returns with a zero γ take the general kernels.
 
 State precision: a float32 output carries its recurrence state in float64
 (:mod:`gaescan.kernels.cpu`) unless every decay is known to be far from 1:
@@ -214,7 +216,7 @@ def _gae_packed(p: GAEProblem, rows: Rows) -> bool:
     if rows.dtype != _F4 or S < 8 or N < PACKED_MIN_MEAN_STEPS * S or N <= SERIAL_MAX_STEPS:
         return False
     if not (isinstance(p.gamma, float) and isinstance(p.lam, float) and p.gamma and p.lam):
-        return False  # per-step or zero decays: the general kernel (see _fused_prep)
+        return False  # per-step or zero decays: the general kernel (the lanes multiply by the decay)
     if int(np.diff(rows.cu_seqlens).max()) > PACKED_MAX_SEQUENCE_SHARE * N:
         return False
     has_next = p.next_values is not None
@@ -328,12 +330,16 @@ class _Fused:
     where it may serve (:func:`_lanes_kernel`; :func:`_call_rows` checks the
     arrays' layout)."""
 
-    __slots__ = ("gcol", "lcol", "bound", "carry", "narrow", "lanes_call", "_shape", "_calls")
+    __slots__ = ("gcol", "lcol", "bound", "carry", "narrow", "zero", "lanes_call", "_shape", "_calls")
 
     def __init__(self, gcol: np.ndarray, lcol: np.ndarray, bound: np.ndarray, carry: np.ndarray,
-                 narrow: bool, rows: Rows):
+                 narrow: bool, rows: Rows, zero: bool = False):
         self.gcol, self.lcol, self.bound, self.carry, self.narrow = gcol, lcol, bound, carry, narrow
-        self.lanes_call = _lanes_kernel(rows, narrow)
+        # A zero decay γλ in a row (``zero``) drops the carry there, as a done
+        # does: the pair kernel runs such a row without it; the lanes and
+        # time-major kernels multiply by the decay, so they serve no such call.
+        self.zero = zero
+        self.lanes_call = None if zero else _lanes_kernel(rows, narrow)
         self._shape = rows.R, rows.T, rows.dtype
         self._calls: list[Any] = [None, None]
 
@@ -379,10 +385,7 @@ _PREPS: dict[tuple, tuple[Rows, _Fused]] = {}
 
 
 def _fused_prep(p: GAEProblem, rows: Rows) -> _Fused | None:
-    """The fused kernels' preparation, or ``None`` when γ or λ varies along
-    time or is zero in a row: the fused kernels multiply by the decay γλ,
-    where the general kernels drop the carry at a zero decay, as at a done
-    (docs/semantics.md; a NaN after a zero decay reaches no step before it)."""
+    """The fused kernels' preparation, or ``None`` when γ or λ varies along time."""
     g, lam, lv, la = p.gamma, p.lam, p.last_value, p.last_advantage
     key = None
     if (type(g) is float and type(lam) is float and g and lam and type(lv) is float
@@ -393,9 +396,10 @@ def _fused_prep(p: GAEProblem, rows: Rows) -> _Fused | None:
             return entry[1]
     gcol = _column(g, rows)
     lcol = None if gcol is None else _column(lam, rows)
-    if lcol is None or not (gcol.all() and lcol.all()):
+    if lcol is None:
         return None
-    prep = _Fused(gcol, lcol, _bound(lv, rows), _bound(la, rows), _gae_narrow(p, rows, gcol, lcol), rows)
+    zero = key is None and not (gcol.all() and lcol.all())
+    prep = _Fused(gcol, lcol, _bound(lv, rows), _bound(la, rows), _gae_narrow(p, rows, gcol, lcol), rows, zero)
     if key is not None:
         if len(_PREPS) >= 64:
             _PREPS.clear()
@@ -440,7 +444,7 @@ def _gae_fast(p: GAEProblem, rows: Rows, prep: _Fused) -> bool:
     term = None if p.terminated is None else _flag8(p.terminated)
     mask = None if p.mask is None else _flag8(p.mask)
     if _sweep_time_major(rows, r):
-        return _gae_fast_time_major(p, rows, prep, r, v, term, mask)
+        return not prep.zero and _gae_fast_time_major(p, rows, prep, r, v, term, mask)
     nv = None if p.next_values is None else _data(p.next_values, rows)
     trunc = None if p.truncated is None else _flag8(p.truncated)
     _call_rows(prep, r, v, nv, term, trunc, mask, p.advantages, p.returns)

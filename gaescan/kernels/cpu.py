@@ -252,8 +252,8 @@ def _renamed(func: Callable[..., Any], suffix: str, namespace: dict[str, Any]) -
 _STATE_HELPERS = ("_gae_at", "_ret_at", "_scan_at", "_gstep", "_mstep", "_nstep", "_lane_steps",
                   "_rows_block", "_packed_block", "_tm_cols", "_tm_ret_at",
                   "_gae_span", "_gae_span2", "_ret_span", "_ret_span2",
-                  "_row_next", "_row_mask", "_row_term", "_row_plain",
-                  "_gae_pair", "_gae_unit", "_ret_pair", "_ret_unit", "_ret_tail", "_scan_steps")
+                  "_row_next", "_row_mask", "_row_term", "_row_plain", "_gae_row_uncarried",
+                  "_gae_pair", "_gae_rows_apart", "_gae_unit", "_ret_pair", "_ret_unit", "_ret_tail", "_scan_steps")
 _F4_NAMESPACE: dict[str, Any] = {}
 
 
@@ -804,6 +804,48 @@ def _gae_pair(r, v, nv, d, tr, m, adv, ret, i, k, has_next, has_term, has_mask,
             a1, v1 = _row_plain(r, v, adv, ret, k, np.uint64(T - 1 - j), g1, gl1, a1, v1)
 
 
+@njit(inline="always", fastmath=_FM)
+def _gae_row_uncarried(r, v, nv, d, tr, m, adv, ret, i, has_next, has_term, has_mask, g, vl):
+    """Row ``i`` whose decay γλ is zero: ``A_t = δ_t``, each step without the
+    carry (a zero decay drops it, as a done does, so that a NaN or an
+    infinity at a later step reaches no earlier one).  The steps of
+    :func:`_gae_pair` with a carry of 0 in and out, so no chain to hide."""
+    T = r.shape[1]
+    z = _f8(0.0)
+    vn = vl
+    if has_next:
+        for j in range(T):
+            _row_next(r, v, nv, d, tr, adv, ret, i, np.uint64(T - 1 - j), g, z, z)
+    elif has_mask:
+        for j in range(T):
+            _, vn = _row_mask(r, v, d, m, adv, ret, i, np.uint64(T - 1 - j), has_term, g, z, z, vn)
+    elif has_term:
+        for j in range(T):
+            _, vn = _row_term(r, v, d, adv, ret, i, np.uint64(T - 1 - j), g, z, z, vn)
+    else:
+        for j in range(T):
+            _, vn = _row_plain(r, v, adv, ret, i, np.uint64(T - 1 - j), g, z, z, vn)
+
+
+@njit(fastmath=_FM, nogil=True, cache=True)
+def _gae_rows_apart(rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
+                    gcol, bound, carry, adv, ret, i, gl, k, hl):
+    """Rows ``i`` and ``k`` (``k == i``: one row) each alone, a row whose
+    decay (``gl``, ``hl``) is zero without the carry, any other as both chains
+    of :func:`_gae_pair`.  A function of its own: the pair loop's caller stays small."""
+    for q in range(2 if k != i else 1):
+        row = i if q == 0 else k
+        decay = gl if q == 0 else hl
+        g = gcol[row]
+        if decay == 0:
+            _gae_row_uncarried(rewards, values, next_values, term, trunc, mask, adv, ret, row, has_next, has_term,
+                               has_mask, g, bound[row])
+        else:
+            c = _f8(carry[row])
+            _gae_pair(rewards, values, next_values, term, trunc, mask, adv, ret, row, row, has_next, has_term,
+                      has_mask, g, decay, g, decay, bound[row], bound[row], c, c)
+
+
 @njit(fastmath=_FM, nogil=True, cache=True)
 def _gae_unit(u, rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
               gcol, lcol, bound, carry, adv, ret):
@@ -811,14 +853,19 @@ def _gae_unit(u, rewards, values, next_values, has_next, term, has_term, trunc, 
     # is odd (one loop body to compile, not a second one for a lone row).
     # γ enters δ in the data dtype; γλ, the decay of the carried A, is
     # ``_f8``, float64 outside the float32-state builds (γλ rounded to float32
-    # would drift like a float32 state).
+    # would drift like a float32 state).  A zero γλ in either row: the rows apart.
     i = 2 * np.int64(u)
     k = i + 1 if i + 1 < rewards.shape[0] else i
     g = gcol[i]
     h = gcol[k]
+    gl = _f8(g) * _f8(lcol[i])
+    hl = _f8(h) * _f8(lcol[k])
+    if gl == 0 or hl == 0:
+        _gae_rows_apart(rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
+                        gcol, bound, carry, adv, ret, i, gl, k, hl)
+        return
     _gae_pair(rewards, values, next_values, term, trunc, mask, adv, ret, i, k, has_next, has_term, has_mask,
-              g, _f8(g) * _f8(lcol[i]), h, _f8(h) * _f8(lcol[k]), bound[i], bound[k],
-              _f8(carry[i]), _f8(carry[k]))
+              g, gl, h, hl, bound[i], bound[k], _f8(carry[i]), _f8(carry[k]))
 
 
 _B = types.boolean
