@@ -158,11 +158,16 @@ def _data(named: dict[str, Any], order: list[str]) -> tuple[dict[str, Any], str]
     return out, ref_name
 
 
+def _scalar_like(x: Any) -> bool:
+    """Whether ``x`` is a scalar or a 0-d NumPy array (a value, not a block array)."""
+    return library_of(x) == SCALAR or (isinstance(x, np.ndarray) and x.ndim == 0)
+
+
 def _coefficient(g: Any, name: str, ref: Any, dtype: np.dtype, unit_range: bool) -> Any:
     """A scalar (checked, passed on as is) or a Dask array with the reference's shape and chunks."""
     if g is None:
         raise TypeError(f"{name!r} is required")
-    if library_of(g) == SCALAR or (isinstance(g, np.ndarray) and g.ndim == 0):
+    if _scalar_like(g):
         # Reuse the in-memory checks (type, [0, 1]); the blocks round it again.
         return v.coefficient(np, g, name, tuple(ref.shape), v.layout_of(tuple(ref.shape), -1), dtype, unit_range)
     if not hasattr(g, "shape"):
@@ -182,7 +187,7 @@ def _boundary(x: Any, name: str, ref: Any, axis: int) -> Any:
     """A scalar / None (passed on as is) or a Dask array of the batch shape, chunked like the batch."""
     if x is None:
         return None
-    if library_of(x) == SCALAR or (isinstance(x, np.ndarray) and x.ndim == 0):
+    if _scalar_like(x):
         return v.boundary_value(np, x, name, (), 1, np.dtype(np.float64)) if not isinstance(
             x, np.ndarray) else x
     if not hasattr(x, "shape"):
@@ -600,9 +605,8 @@ def _turn_coefficient(g: Any, name: str, ref: Any, ax: int, dtype: np.dtype) -> 
     (the inner float64 GAE then takes it as it is)."""
     if g is None:
         raise TypeError(f"{name!r} is required")
-    if library_of(g) == SCALAR or (isinstance(g, np.ndarray) and g.ndim == 0):
-        c = v.coefficient(np, g, name, tuple(ref.shape), v.layout_of(tuple(ref.shape), -1), dtype, True)
-        return float(dtype.type(c))
+    if _scalar_like(g):
+        return float(dtype.type(_coefficient(g, name, ref, dtype, True)))
     if not hasattr(g, "shape"):
         g = np.asarray(g)
     _turn_gae.check_per_row(name, tuple(g.shape), tuple(ref.shape), ax)
@@ -627,7 +631,7 @@ def turn_gae(rewards, values, turn_ids, *, gamma, lam, mask, last_value, axis, o
     g = _turn_coefficient(gamma, "gamma", ref, ax, dtype)
     lm = _turn_coefficient(lam, "lam", ref, ax, dtype)
     lv = last_value
-    if lv is not None and (library_of(lv) == SCALAR or (isinstance(lv, np.ndarray) and lv.ndim == 0)):
+    if lv is not None and _scalar_like(lv):
         lv = v.boundary_value(np, lv, "last_value", (), 1, dtype)
     if ref.size == 0:
         empty = da.zeros_like(ref, dtype=dtype)
