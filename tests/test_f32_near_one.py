@@ -344,3 +344,60 @@ def test_constant_rewards_above_the_limit(bk, g):
     A, Rt = gt.gae(r, z, gamma=g, lam=1.0)
     _check(adv, A)
     _check(ret, Rt)
+
+
+# ------------------------------ γ·λ not a float32 value: the decay rounded once, at every step
+#
+# float32(0.9999)² is no float32 value: a float32 decay γ·λ differs from the
+# reference's float64 product by up to half an ulp, the same at every step, and
+# over the horizon 1/(1 − γλ) ≈ 5000 steps that error reaches 4e-5 (twice the
+# tolerance) on rewards of one sign.  A per-row γ does the same; so does the
+# on-policy V-trace (log-ratios 0: the decay is γλ).  2^15 steps suffice, so
+# these run in the default suite.
+
+PRODUCT_T = 1 << 15
+PRODUCT_DECAYS = [0.9999]
+
+
+@functools.cache
+def _product_data():
+    rng = np.random.default_rng(31)
+    r = rng.random((2, PRODUCT_T)).astype(F32)
+    v = (rng.standard_normal((2, PRODUCT_T)) * 0.1).astype(F32)
+    d = rng.random((2, PRODUCT_T)) < 2e-5
+    m = rng.random((2, PRODUCT_T)) < 0.9
+    return r, v, d, m
+
+
+def _product_case(name, g):
+    r, v, d, m = _product_data()
+    return {"dones": dict(rewards=r, values=v, gamma=g, lam=g, dones=d),
+            "plain": dict(rewards=r, values=v, gamma=g, lam=g),
+            "mask": dict(rewards=r, values=v, gamma=g, lam=g, mask=m),
+            "per_row": dict(rewards=r, values=v, gamma=np.full((2, 1), g, F32), lam=g, dones=d),
+            "packed": dict(rewards=r.reshape(-1), values=v.reshape(-1), gamma=g, lam=g, dones=d.reshape(-1),
+                           cu_seqlens=np.array([0, 5000, 2 * PRODUCT_T]))}[name]
+
+
+@pytest.mark.parametrize("g", PRODUCT_DECAYS, ids=repr)
+@pytest.mark.parametrize("name", ["dones", "plain", "mask", "per_row", "packed"])
+@pytest.mark.parametrize("bk", BACKENDS)
+def test_gae_decay_product_not_a_float32(bk, name, g):
+    kw = _product_case(name, g)
+    adv, ret = gaescan.gae(**kw, backend=bk)
+    A, Rt = gt.gae(**kw)
+    _check(adv, A)
+    _check(ret, Rt)
+
+
+@pytest.mark.parametrize("g", PRODUCT_DECAYS, ids=repr)
+@pytest.mark.parametrize("name", ["dones", "mask", "per_row"])
+@pytest.mark.parametrize("bk", BACKENDS)
+def test_vtrace_on_policy_decay_product_not_a_float32(bk, name, g):
+    kw = _product_case(name, g)
+    r, v = kw.pop("rewards"), kw.pop("values")
+    lr = np.zeros_like(r)
+    got = gaescan.vtrace(r, v, lr, **kw, backend=bk)
+    want = gt.vtrace(r, v, lr, **kw)
+    _check(got.vs, want.vs)
+    _check(got.advantages, want.advantages)

@@ -68,10 +68,14 @@ def _product(xp: Any, a: Any, p: Any) -> Any:
 
 
 def _serial(xp: Any, a: Coeff, b: Any, init: Any) -> Any:
-    """Reference-order loop over the (short) time axis, vectorised over rows."""
+    """Reference-order loop over the (short) time axis, vectorised over rows.
+
+    The state runs in the carry pass's dtype (:func:`_wide`), as do the
+    decays; only the stored steps round to ``b``'s dtype.
+    """
     T = b.shape[1]
     y = xp.empty_like(b)
-    carry = init
+    carry = init.astype(_wide(b.dtype))
     scalar = isinstance(a, float)
     for t in range(T - 1, -1, -1):
         carry = a * carry + b[:, t] if scalar else _step(xp, a[:, t], carry, b[:, t])
@@ -79,16 +83,29 @@ def _serial(xp: Any, a: Coeff, b: Any, init: Any) -> Any:
     return y
 
 
-def _chunk_kernel(xp: Any, a: Any, C: int, dtype: np.dtype) -> Any:
+def _chunk_kernel(xp: Any, a: float, C: int, dtype: np.dtype) -> Any:
     """The ``C × C`` matrix ``K[i, j] = a^(j − i)`` for ``j ≥ i``, else 0: row
-    ``i`` of a chunk's product sums its future."""
+    ``i`` of a chunk's product sums its future.  The powers are taken in the
+    carry pass's dtype and each rounded once to ``dtype``."""
+    wide = _wide(dtype)
     expo = xp.arange(C)[None, :] - xp.arange(C)[:, None]
-    return xp.where(expo >= 0, a ** xp.maximum(expo, 0).astype(dtype), dtype.type(0)).astype(dtype)
+    return xp.where(expo >= 0, wide.type(a) ** xp.maximum(expo, 0).astype(wide), wide.type(0)).astype(dtype)
 
 
-def _const_scan(xp: Any, ar: Any, b: Any, init: Any, C: int, out: Any, finite_only: bool,
+def _powers(xp: Any, a: float, C: int, dtype: np.dtype) -> Any:
+    """``a^(C − i)`` for ``i = 0 .. C − 1``, taken in the carry pass's dtype, each rounded once to ``dtype``."""
+    wide = _wide(dtype)
+    return (wide.type(a) ** xp.arange(C, 0, -1).astype(wide)).astype(dtype)
+
+
+def _const_scan(xp: Any, ar: float, b: Any, init: Any, C: int, out: Any, finite_only: bool,
                 scratch: bool = False) -> Any:
     """:func:`reverse_scan` with the constant decay ``ar`` (``T > C``), by the chunk matmul.
+
+    ``ar`` is a Python float, not rounded to ``b``'s dtype: the powers of it
+    in the chunk kernel and the carry pass are taken in float64 (a float32
+    decay, rounded once, would weigh every step with the same error, and the
+    error of ``a^k`` grows with ``k``).
 
     The kernel's zeros below the diagonal multiply the steps a row of the chunk
     does not depend on, so a NaN or an infinity in ``b`` reaches later steps of
@@ -124,12 +141,11 @@ def _const_scan(xp: Any, ar: Any, b: Any, init: Any, C: int, out: Any, finite_on
     wide = _wide(dtype)
     y_heads = reverse_scan(xp, float(wide.type(ar) ** C), heads.astype(wide), init.astype(wide), C)
     carry = xp.concatenate([y_heads[:, 1:], init[:, None]], axis=1).astype(dtype)
-    decay = ar ** xp.arange(C, 0, -1).astype(dtype)  # a^(C - i)
-    local += carry[:, :, None] * decay
+    local += carry[:, :, None] * _powers(xp, ar, C, dtype)
     return out if into_out else local.reshape(R, nC * C)[:, pad:]
 
 
-def _cut_scan(b: np.ndarray, done: np.ndarray | None, ar: Any, init: np.ndarray, C: int,
+def _cut_scan(b: np.ndarray, done: np.ndarray | None, ar: float, init: np.ndarray, C: int,
               out: np.ndarray | None, finite_only: bool = False) -> np.ndarray | None:
     """:func:`reverse_scan` on host arrays with the decay ``ar`` at every step
     but 0 (a select) where ``done`` is set (none where it is ``None``), for a
@@ -153,34 +169,34 @@ def _cut_scan(b: np.ndarray, done: np.ndarray | None, ar: Any, init: np.ndarray,
     nC = -(-T // C)
     pad = nC * C - T
     b3 = _pad_front(np, b, pad).reshape(R, nC, C)
-    a = dtype.type(ar)
-    K = _chunk_kernel(np, a, C, dtype)
+    K = _chunk_kernel(np, ar, C, dtype)
     heads = np.matmul(b3, K[0])
     steps = ~np.isfinite(heads)
     if finite_only and (steps.any() or not np.isfinite(init).all()):
         return None
     wide = _wide(dtype)
+    a = wide.type(ar)
     if done is None:
-        decay_c: Coeff = float(wide.type(a) ** C)
+        decay_c: Coeff = float(a ** C)
         ri, ci = np.nonzero(steps)
-        ac = np.full((len(ri), C), a, dtype)
+        ac = np.full((len(ri), C), a, wide)
     else:
         d3 = _pad_front(np, done, pad).reshape(R, nC, C)
         cut = d3.any(axis=2)
-        decay_c = np.where(cut, wide.type(0), wide.type(a) ** C)
+        decay_c = np.where(cut, wide.type(0), a ** C)
         steps |= cut
         ri, ci = np.nonzero(steps)
-        ac = np.where(d3[ri, ci], dtype.type(0), a)
+        ac = np.where(d3[ri, ci], wide.type(0), a)
     bc = b3[ri, ci]
     heads[ri, ci] = _serial(np, ac, bc, np.zeros(len(ri), dtype))[:, 0]
     y_heads = reverse_scan(np, decay_c, heads.astype(wide), init.astype(wide), C)
     carry = np.concatenate([y_heads[:, 1:], init[:, None]], axis=1)
-    b3[:, :, C - 1] += np.where(steps, 0.0, float(a) * carry).astype(dtype)
+    b3[:, :, C - 1] += np.where(steps, 0.0, a * carry).astype(dtype)
     into_out = out is not None and pad == 0 and out.flags.c_contiguous
     y = out if into_out else np.empty((R, nC * C), dtype)
     y3 = y.reshape(R, nC, C)
     np.matmul(b3.reshape(R * nC, C), K.T, out=y3.reshape(R * nC, C))
-    y3[ri, ci] = _serial(np, ac, bc, carry[ri, ci].astype(dtype))
+    y3[ri, ci] = _serial(np, ac, bc, carry[ri, ci])
     return y if into_out else y[:, pad:]
 
 
@@ -192,7 +208,7 @@ def _cut_scan_ok(rows: Rows, decay: Coeff, done: Any | None, valid: Any | None, 
             and done is not None and valid is None and frame.last is None and rows.T > _chunk())
 
 
-def _const_scan_nonfinite(xp: Any, ar: Any, b: Any, init: Any, C: int, out: Any) -> Any:
+def _const_scan_nonfinite(xp: Any, ar: float, b: Any, init: Any, C: int, out: Any) -> Any:
     """:func:`_const_scan` for inputs that may hold NaN or infinities.
 
     A finite nonzero decay carries a NaN unchanged, and an infinity unchanged up
@@ -237,10 +253,17 @@ def reverse_scan(xp: Any, a: Coeff, b: Any, init: Any, chunk: int, out: Any = No
 
     A zero ``a_t`` is a select (``y_t = b_t``), never a multiplication by zero.
 
+    A float32 ``b`` takes its decays in float64 where they are not float32
+    values (a product ``γ·λ``, a V-trace weight): a decay rounded to float32
+    errs the same way at every step it weighs, and over a horizon of
+    ``1 / (1 − a)`` steps that error grows past the contract's tolerance.
+
     Parameters
     ----------
     a : float or array
-        A constant of ``b``'s dtype, or an ``(R, T)`` array.
+        A Python float (taken in float64, whatever ``b``'s dtype), or an
+        ``(R, T)`` array of ``b``'s dtype or of float64; with a float64 ``a``
+        and a float32 ``b`` the scan runs in float64 and returns float64.
     b : array
         ``(R, T)``.
     init : array
@@ -253,6 +276,8 @@ def reverse_scan(xp: Any, a: Coeff, b: Any, init: Any, chunk: int, out: Any = No
     scratch : bool
         Whether ``b`` is the caller's scratch, which the scan may overwrite.
     """
+    if not isinstance(a, float) and a.dtype.itemsize > b.dtype.itemsize:
+        b, init = b.astype(a.dtype), init.astype(a.dtype)
     R, T = b.shape
     dtype = b.dtype
     if isinstance(a, float) and a == 0:
@@ -261,12 +286,12 @@ def reverse_scan(xp: Any, a: Coeff, b: Any, init: Any, chunk: int, out: Any = No
         return _serial(xp, a, b, init)
     if isinstance(a, float):
         if xp is np and math.isfinite(a):
-            y = _const_scan(xp, dtype.type(a), b, init, chunk, out, finite_only=True, scratch=scratch)
+            y = _const_scan(xp, a, b, init, chunk, out, finite_only=True, scratch=scratch)
             if y is not None:
                 return y
         if math.isfinite(a):
-            return _const_scan_nonfinite(xp, dtype.type(a), b, init, chunk, out)
-        return _const_scan(xp, dtype.type(a), b, init, chunk, out, finite_only=False)
+            return _const_scan_nonfinite(xp, a, b, init, chunk, out)
+        return _const_scan(xp, a, b, init, chunk, out, finite_only=False)
     # Per-step decays: C vectorised steps, each over position i of every chunk.
     C = min(chunk, int(_config.get("numpy_step_chunk")))
     nC = -(-T // C)
@@ -481,10 +506,7 @@ def _gae(p: GAEProblem) -> None:
         boot += r
         boot -= v
         delta = boot if valid is None else xp.where(valid, boot, zero)
-        if isinstance(gamma, float) and isinstance(lam, float):
-            decay: Coeff = float(dt.type(gamma) * dt.type(lam))
-        else:
-            decay = _typed(gamma, dt) * _typed(lam, dt)
+        decay = _decay(gamma, lam, dt)
         init = xp.zeros(rows.R, dtype=dt)
         if not (isinstance(p.last_advantage, float) and p.last_advantage == 0):
             carry = _bound(p.last_advantage, rows)
@@ -519,13 +541,33 @@ def _fold_end(xp: Any, rows: Rows, frame: _Frame, after: Any, decay: Coeff, done
     return xp.where(end, b + term, b)
 
 
+def _decay(gamma: Coeff, lam: Coeff, dt: np.dtype) -> Coeff:
+    """GAE's decay ``γ·λ`` from the coefficients (already rounded to ``dt``), as
+    the contract's reference forms it: in float64.  A float, or an array of
+    ``dt`` where one factor is 1, else of the carry pass's dtype (see
+    :func:`reverse_scan`)."""
+    if isinstance(gamma, float) and isinstance(lam, float):
+        return gamma * lam
+    if isinstance(lam, float) and lam == 1:
+        return gamma
+    if isinstance(gamma, float) and gamma == 1:
+        return lam
+    wide = _wide(dt)
+    return (wide.type(gamma) if isinstance(gamma, float) else gamma.astype(wide)) * (
+        wide.type(lam) if isinstance(lam, float) else lam.astype(wide))
+
+
 def _cut(xp: Any, rows: Rows, decay: Coeff, done: Any | None, valid: Any | None, frame: _Frame) -> Coeff:
-    """Per-step decay: 0 after a done or a sequence end, 1 through masked positions."""
+    """Per-step decay: 0 after a done or a sequence end, 1 through masked positions.
+
+    A float decay becomes an array of the rows' dtype where it is a value of
+    that dtype, else of the carry pass's dtype (see :func:`reverse_scan`)."""
     dt = rows.dtype
     if done is None and valid is None and frame.last is None:
         return decay
     if isinstance(decay, float):
-        decay = xp.full((rows.R, rows.T), decay, dtype=dt)
+        exact = math.isnan(decay) or float(dt.type(decay)) == decay
+        decay = xp.full((rows.R, rows.T), decay, dtype=dt if exact else _wide(dt))
     if done is not None:
         decay = xp.where(done, dt.type(0), decay)
     if valid is not None:

@@ -40,4 +40,4 @@ def _scan(xp: Any, a: Any, b: Any, init: Any) -> Any:
 
 def vtrace(p: VTraceProblem) -> None:
     """Write ``p.vs`` and ``p.advantages`` (see :class:`gaescan._vtrace.VTraceProblem`)."""
-    _vtrace(p, _scan)
+    _vtrace(p, _scan, wide=False)

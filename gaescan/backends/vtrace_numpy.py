@@ -14,12 +14,20 @@ carry through (decay 1, input 0).  Every other quantity is elementwise:
 4. ``vs = V + D`` and the advantages, with the bootstrap and done cuts as
    selects, and 0 at masked positions.
 
+Float32 problems compute in float64 here, as the contract's reference does,
+and round once when the outputs are stored: the per-step decay ``γ c`` rounded
+to float32 would err the same way at every on-policy step (``c = λ``), an
+error that grows with the horizon ``1 / (1 − γλ)``, and ``exp`` in float32
+overflows above about 88.7 and underflows below about −104, where the float64
+weights are still finite and nonzero.
+
 Host problems run in blocks of rows small enough to stay in cache (as the
 GAE backend's).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -37,13 +45,14 @@ from .numpy_chunk import (
     _Frame,
     _row_blocks,
     _typed,
+    _wide,
     reverse_scan,
 )
 
 
 def vtrace(p: VTraceProblem) -> None:
     for block in _row_blocks(p):
-        _vtrace(block, _reverse_scan)
+        _vtrace(block, _reverse_scan, wide=True)
 
 
 def _reverse_scan(xp: Any, a: Any, b: Any, init: Any) -> Any:
@@ -51,14 +60,28 @@ def _reverse_scan(xp: Any, a: Any, b: Any, init: Any) -> Any:
     return reverse_scan(xp, a, b, init, _chunk())
 
 
-def _vtrace(p: VTraceProblem, scan: Callable[[Any, Any, Any, Any], Any]) -> None:
+def _vtrace(p: VTraceProblem, scan: Callable[[Any, Any, Any, Any], Any], wide: bool) -> None:
     """V-trace of one problem, every step elementwise in ``p.rows.xp`` but the trace's scan.
 
     ``scan(xp, a, b, init)`` returns ``y_t = a_t y_{t+1} + b_t`` along axis 1 of
     the ``(R, T)`` arrays ``a`` and ``b`` with ``y_T = init`` (``(R,)``), a zero
     ``a_t`` being a select; the ``"cuda"`` backend passes its scan kernel.
+    With ``wide`` a float32 problem computes in float64 (the inputs rounded to
+    float32 first, as the reference's); without, in float32.
     """
-    rows, xp, dt = p.rows, p.rows.xp, p.rows.dtype
+    rows, xp = p.rows, p.rows.xp
+    dt = _wide(rows.dtype) if wide else rows.dtype
+    if dt != rows.dtype:
+        narrow = rows
+
+        # Every input is first a value of the output dtype, then widened exactly.
+        def widen(x: Any) -> Any:
+            return x if x is None or isinstance(x, float) else _data(x, narrow).astype(dt)
+        p = dataclasses.replace(
+            p, rows=dataclasses.replace(rows, dtype=dt),
+            **{f: widen(getattr(p, f)) for f in ("rewards", "values", "log_rhos", "next_values", "gamma", "lam",
+                                                  "last_value", "last_trace")})
+        rows = p.rows
     zero = dt.type(0)
     frame = _Frame(rows, p.last_value)
     valid = _flag(p.mask)
