@@ -143,6 +143,11 @@ def _check_groups(s: Any, labels: Any, group_size: int | None) -> int:
                 f"groups has shape {tuple(labels.shape)} but scores has shape {(B,)}; "
                 "they need one label per score"
             )
+    elif B != B:  # NaN: a Dask array of unknown length
+        raise ValueError(
+            f"group_size={group_size} needs the number of scores, which this Dask array does not know "
+            "(its chunk sizes are unknown); call scores.compute_chunk_sizes() first, or pass groups= labels"
+        )
     elif B % group_size:
         raise ValueError(
             f"group_size={group_size} does not divide the number of scores {B}; pass groups= "
@@ -261,7 +266,7 @@ def group_normalize(
     with ctx.call(named) as (xp, c):
         s, labels = c["scores"], c["groups"]
         B = _check_groups(s, labels, group_size)
-        dtype = v.result_dtype(s)
+        dtype = v.data_dtype(s)
         res = _output(xp, c["out"], (B,), dtype, {"scores": s, "groups": labels})
         if B:
             _load(name).group_normalize(xp, s, labels, group_size, loo, scale, ddof, eps, res)
@@ -466,7 +471,7 @@ def whiten(
                 _host_count_check(stats[0], "moments")
             if name == "numba":
                 stats = tuple(float(s) for s in stats)
-        dtype = v.result_dtype(xa)
+        dtype = v.data_dtype(xa)
         res = _output(xp, c["out"], tuple(xa.shape), dtype, {"x": xa, "mask": mk})
         if xa.size:
             _load(name).whiten(xp, xa, mk, stats, shift_mean, ddof, eps, res)
@@ -513,10 +518,14 @@ def combine_moments(ms: Any) -> Moments:
     >>> float(m.count), float(m.mean), float(m.m2)
     (10.0, 4.5, 82.5)
     """
-    if isinstance(ms, (list, tuple)) and not isinstance(ms, Moments) and len(ms) and all(
-            isinstance(m, Moments) for m in ms):
+    if isinstance(ms, (list, tuple)) and not isinstance(ms, Moments) and not len(ms):
+        raise ValueError("ms is empty: give at least one gaescan.Moments (an empty part is one of count 0)")
+    if isinstance(ms, (list, tuple)) and not isinstance(ms, Moments) and all(isinstance(m, Moments) for m in ms):
         parts = [_moment_fields(m, f"ms[{i}]") for i, m in enumerate(ms)]
         named = {f"ms[{i}].{f}": p[j] for i, p in enumerate(parts) for j, f in enumerate(Moments._fields)}
+        if all(v.is_scalar(x) for x in named.values()):
+            # Python or NumPy numbers only (Moments(2.0, 1.0, 0.5), as whiten's moments= takes): NumPy
+            named = {k: np.asarray(x, dtype=np.float64) for k, x in named.items()}
         ctx = resolve(named)
         with ctx.call(named) as (xp, c):
             fields = [xp.stack([_stat(xp, c[f"ms[{i}].{f}"], f"ms[{i}].{f}", None) for i in range(len(parts))])
@@ -584,8 +593,11 @@ def _combine(xp: Any, n: Any, mean: Any, m2: Any) -> tuple[Any, Any, Any]:
 def _dask_arrays(x: Any, mask: Any, out: Any) -> tuple[Any, Any]:
     import dask.array as da
 
+    from .backends.dask import chunk_libraries
+
     if out is not None:
         raise TypeError("out= is not supported with Dask arrays: the result is a new lazy array")
+    chunk_libraries({"x": x, "mask": mask})
     x = x if any_dask(x) else da.asarray(x)
     _array(x, "x")
     if mask is not None:
@@ -637,7 +649,7 @@ def _dask_whiten(x: Any, mask: Any, stats: Any, out: Any, backend: str, **kw: An
     if st.shape != (3,):
         raise ValueError("moments fields must be scalars or 0-d arrays")
     ind = tuple(f"i{k}" for k in range(x.ndim))
-    dtype = v.result_dtype(x)
+    dtype = v.data_dtype(x)
     return da.blockwise(_whiten_block, ind, x, ind, mask, None if mask is None else ind, st.rechunk(-1), ("s",),
                         concatenate=True, dtype=dtype, meta=np.empty((0,) * x.ndim, dtype), backend=backend, **kw)
 
@@ -649,12 +661,15 @@ def _group_block(s: Any, g: Any, **kw: Any) -> Any:
 def _dask_group_normalize(scores: Any, groups: Any, group_size: Any, out: Any, backend: str, **kw: Any) -> Any:
     import dask.array as da
 
+    from .backends.dask import chunk_libraries
+
     if out is not None:
         raise TypeError("out= is not supported with Dask arrays: the result is a new lazy array")
+    chunk_libraries({"scores": scores, "groups": groups})
     s = scores if any_dask(scores) else da.asarray(scores)
     g = None if groups is None else (groups if any_dask(groups) else da.asarray(groups))
     _check_groups(s, g, group_size)
-    dtype = v.result_dtype(s)
+    dtype = v.data_dtype(s)
     if g is None:
         return s.rechunk(-1).map_blocks(_group_block, None, dtype=dtype, meta=np.empty(0, dtype),
                                         group_size=group_size, backend=backend, **kw)

@@ -88,12 +88,23 @@ def _load(name: str) -> Any:
 
 def check_turn_ids(ids: Any) -> None:
     """The ``TypeError`` for ``turn_ids`` that are not an integer array (every path's check)."""
+    if getattr(ids, "ndim", 1) == 0 and getattr(ids, "dtype", None) is not None and ids.dtype.kind in "iu":
+        raise ValueError("'turn_ids' must have at least one dimension (the time axis), as rewards and "
+                         "values; got a 0-d array")
     if v.is_scalar(ids) or getattr(ids, "dtype", None) is None or ids.dtype.kind not in "iu":
         dt = getattr(ids, "dtype", type(ids).__name__)
         raise TypeError(
             f"'turn_ids' must be an integer array (one turn id per token), got {dt}; "
             "pass integer ids, e.g. turn_ids.astype(numpy.int32) (NumPy, CuPy) or "
             "turn_ids.to(torch.int32) (PyTorch)")
+
+
+def ordered_ids(ids: np.ndarray) -> np.ndarray:
+    """Host turn ids as int64 in the same order: uint64 ids less 2**63 (their
+    top bit flipped, then read as int64: an order-preserving map), others cast."""
+    if ids.dtype == np.uint64:
+        return (ids ^ np.uint64(1 << 63)).view(np.int64)
+    return ids.astype(np.int64, copy=False)
 
 
 def check_per_row(name: str, shape: tuple, data_shape: tuple, axis: int) -> None:

@@ -42,6 +42,13 @@ def result_dtype(*arrays: Any) -> np.dtype:
     return np.dtype(np.float32)
 
 
+def data_dtype(x: Any) -> np.dtype:
+    """The result dtype of a function of one data array ``x`` (``whiten``'s
+    ``x``, ``group_normalize``'s ``scores``): :func:`result_dtype` without the
+    weak-scalar rule, which is for coefficients, so a 0-d ``x`` counts too."""
+    return np.dtype(np.float64) if x.dtype.kind == "f" and x.dtype.itemsize >= 8 else np.dtype(np.float32)
+
+
 def _is_scalar(x: Any) -> bool:
     if type(x) is np.ndarray:
         return x.ndim == 0

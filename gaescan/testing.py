@@ -745,10 +745,11 @@ def _vtrace_row(r, v, lr, nv, term, done, g, lam, m, lo, hi, rb, cb, pb, v_next,
         if not m[t]:
             continue  # skipped: nothing at t is read, its outputs stay 0
         e = _exp(lr[t])
-        rho, c, rpg = _clip(rb, e), lam[t] * _clip(cb, e), _clip(pb, e)
+        # A zero γ or λ is a zero decay whatever e: a select (times an infinite e it is no NaN).
+        rho, c, rpg = _clip(rb, e), 0.0 if lam[t] == 0 else lam[t] * _clip(cb, e), _clip(pb, e)
         vp = v_next if nv is None else nv[t]
         td = r[t] - v[t] if term[t] else r[t] + g[t] * vp - v[t]
-        decay = g[t] * c
+        decay = 0.0 if g[t] == 0 else g[t] * c
         dt = rho * td if done[t] or decay == 0 else rho * td + decay * d_next
         vsp = vp if done[t] else vp + d_next
         adv[t] = rpg * (r[t] - v[t]) if term[t] else rpg * (r[t] + g[t] * vsp - v[t])

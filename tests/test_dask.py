@@ -295,6 +295,38 @@ def test_all_numpy_but_a_dask_boundary(rng):
     check(G, gt.discounted_returns(r, gamma=0.9, last_value=lv), np.float32)
 
 
+@pytest.mark.parametrize("chunking", ["even", "steps-of-one", "empty-chunks"])
+def test_float64_result_from_one_float64_argument(rng, chunking):
+    # float32 data and one float64 argument: the result is float64, and so is every
+    # block's computation, γ's rounding and the carry between time chunks, also in
+    # the blocks the float64 argument never reaches.
+    r = random_data(rng, (B, T), np.float32)
+    v = random_data(rng, (B, T), np.float32)
+    mask = rng.random((B, T)) < 0.6
+    mask[:, 20:47] = False  # whole chunks of padding
+    lv = random_data(rng, (B,), np.float64)
+    g8 = np.full((B, T), 0.9)
+    R, V, M = (chunked(x, CHUNKINGS[chunking]) for x in (r, v, mask))
+    got = compute(
+        gaescan.discounted_returns(R, gamma=0.9, last_value=lv),
+        gaescan.linear_scan(0.9, R, reverse=True, initial=lv),
+        gaescan.linear_scan(0.9, R, initial=lv),
+        gaescan.gae(R, V, gamma=0.9, lam=0.9, last_advantage=lv).advantages,
+        gaescan.gae(R, V, gamma=g8, lam=1.0, mask=M, last_value=0.1).advantages,
+        gaescan.vtrace(R, V, R * 0, gamma=0.9, lam=0.9, last_value=lv).vs,
+    )
+    want = (
+        gt.discounted_returns(r, gamma=0.9, last_value=lv),
+        gt.linear_scan(0.9, r, reverse=True, initial=lv),
+        gt.linear_scan(0.9, r, initial=lv),
+        gt.gae(r, v, gamma=0.9, lam=0.9, last_advantage=lv).advantages,
+        gt.gae(r, v, gamma=g8, lam=1.0, mask=mask, last_value=0.1).advantages,
+        gt.vtrace(r, v, r * 0, gamma=0.9, lam=0.9, last_value=lv).vs,
+    )
+    for x, y in zip(got, want, strict=True):
+        gt.assert_close(x, y, dtype=np.float64)
+
+
 @pytest.mark.cudasim
 def test_errors(rng):
     R = da.from_array(random_data(rng, (B, T)), chunks=(3, 20))
@@ -336,6 +368,23 @@ def test_torch_mixed_with_dask_is_a_type_error(rng):
     R = da.from_array(random_data(rng, (B, T)), chunks=(3, 20))
     with pytest.raises(TypeError, match="PyTorch"):
         gaescan.gae(R, torch.zeros(B, T), gamma=0.9, lam=0.9)
+    with pytest.raises(TypeError, match="'mask' is a PyTorch tensor"):
+        gaescan.whiten(R, torch.ones(B, T, dtype=torch.bool))
+    with pytest.raises(TypeError, match="'mask' is a PyTorch tensor"):
+        gaescan.moments(R, torch.ones(B, T, dtype=torch.bool))
+    with pytest.raises(TypeError, match="'x' is a PyTorch tensor"):
+        gaescan.whiten(torch.ones(B, T), da.ones((B, T), chunks=2, dtype=bool))
+    with pytest.raises(TypeError, match="'groups' is a PyTorch tensor"):
+        gaescan.group_normalize(da.ones(4, chunks=2), groups=torch.zeros(4, dtype=torch.long))
+
+
+def test_group_size_of_scores_of_unknown_length():
+    s = da.from_array(np.arange(6.0), chunks=4)
+    s = s[s >= 0]  # shape (nan,)
+    with pytest.raises(ValueError, match="compute_chunk_sizes"):
+        gaescan.group_normalize(s, group_size=3)
+    got = gaescan.group_normalize(s.compute_chunk_sizes(), group_size=3)
+    assert_close(compute(got)[0], gt.group_normalize(np.arange(6.0), group_size=3), np.float64)
 
 
 def test_in_memory_functions_point_to_the_public_ones(rng):

@@ -480,6 +480,30 @@ def test_nan_stops_at_an_underflowing_trace_weight(backend, rng, mode, time_majo
         for x, y in zip(got, want, strict=True):
             check(x, y, dtype, f"vtrace {mode} {np.dtype(dtype).name} {shape}")
 
+
+@pytest.mark.parametrize("zero", ["gamma", "lam", "lam row"])
+def test_zero_decay_against_an_infinite_trace_weight(backend, rng, zero):
+    # A zero γ or λ drops the carry whatever the clipped ratio: with c̄ = ∞ and a
+    # log-ratio whose e^ℓ overflows (float64: above 709.8), 0 · ∞ is no NaN.
+    import gaescan
+
+    B, T = (3, 40) if backend.small else (19, 4096)
+    r, v = random_data(rng, (B, T), np.float64), random_data(rng, (B, T), np.float64)
+    lr = np.zeros((B, T))
+    lr[:, T // 2] = 1000.0
+    lr[:, T // 3] = np.inf
+    kw = dict(gamma=0.0 if zero == "gamma" else 0.9, lam=0.0 if zero == "lam" else 0.95, c_bar=np.inf)
+    if zero == "lam row":
+        kw["lam"] = np.where(np.arange(B) % 2 == 0, 0.0, 0.95)[:, None]
+    got = gaescan.vtrace(r, v, lr, backend=backend.name, **kw)
+    want = gt.vtrace(r, v, lr, **kw)
+    rows = slice(None) if zero != "lam row" else slice(0, None, 2)
+    assert np.isfinite(want.vs[rows, : T // 2]).all() and np.isfinite(want.advantages[rows, : T // 3 - 1]).all()
+    # (the rows of λ = 0.95 meet ∞ · D, which the contract leaves open)
+    for x, y in zip(got, want, strict=True):
+        check(x[rows], y[rows], np.float64, f"vtrace zero {zero}")
+
+
 # ------------------------------------------------------------ CUDA tile edges
 
 # Tiny CUDA geometries (threads per block, steps per thread), so that a row of

@@ -400,6 +400,26 @@ def test_errors(backend, rng):
         gaescan.turn_gae(**{**kw, "gamma": np.full((3, 20), 0.9)}, backend=backend)
     with pytest.raises(ValueError, match="last_value"):
         gaescan.turn_gae(**{**kw, "last_value": np.zeros(4)}, backend=backend)
+    with pytest.raises(ValueError, match="'turn_ids' must have at least one dimension"):
+        gaescan.turn_gae(np.array(1.0), np.array(1.0), np.array(0), gamma=0.9, lam=0.9, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_uint64_ids_keep_their_order(backend, rng):
+    # uint64 ids at and above 2**63 (past int64's range) order as unsigned numbers.
+    kw = case(rng, 3, 20)
+    small = np.broadcast_to(np.arange(20) // 5, (3, 20)).astype(np.uint64)
+    big = small + np.uint64(2**63 - 2)  # ids 2**63 - 2 .. 2**63 + 1
+    top = small + np.uint64(2**64 - 4)  # ids up to 2**64 - 1
+    want = gaescan.turn_gae(**{**kw, "turn_ids": small}, backend=backend)
+    for ids in (big, top):
+        got = gaescan.turn_gae(**{**kw, "turn_ids": ids}, backend=backend)
+        np.testing.assert_array_equal(got.advantages, want.advantages)
+        np.testing.assert_array_equal(got.returns, want.returns)
+    bad = big.copy()
+    bad[1, 12] = 0
+    with pytest.raises(ValueError, match="row 1"):
+        gaescan.turn_gae(**{**kw, "turn_ids": bad, "mask": None}, backend=backend)
 
 
 def test_backend_names(rng):

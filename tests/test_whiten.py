@@ -182,6 +182,36 @@ def test_input_dtypes(dtype):
         gt.assert_close(got, gt.whiten(x), dtype=np.float32)
 
 
+@pytest.mark.parametrize("dtype", [">f8", ">f4", np.longdouble])
+def test_other_byte_order_and_wider_floats(dtype):
+    # A float64 in the other byte order is float64 data (a result of float64, at its
+    # tolerance), not float32; a mean far above the spread shows the difference.
+    rng = np.random.default_rng(8)
+    x = (1e3 + rng.standard_normal(50)).astype(dtype)
+    mask = rng.random(50) < 0.8
+    want = np.float32 if np.dtype(dtype).itemsize == 4 else np.float64
+    for be in BACKENDS:
+        got = gaescan.whiten(x, mask, backend=be)
+        assert got.dtype == want
+        gt.assert_close(got, gt.whiten(x, mask), dtype=np.dtype(want))
+        m = gaescan.moments(x, mask, backend=be)
+        ref = gt.moments(x, mask)
+        np.testing.assert_allclose(np.stack(m), np.stack(ref), rtol=1e-12 if want is np.float64 else 1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_zero_dimensional_x(dtype):
+    # The data's own dtype decides the result's, whatever its shape: a 0-d x is no
+    # weak scalar.
+    x = np.array(3.0, dtype=dtype)
+    for be in BACKENDS:
+        got = gaescan.whiten(x, backend=be)
+        assert got.dtype == dtype and got.shape == () and got == 0
+        assert gaescan.whiten(x, out=np.empty((), dtype), backend=be) == 0
+        m = gaescan.moments(x, backend=be)
+        assert (float(m.count), float(m.mean), float(m.m2)) == (1.0, 3.0, 0.0)
+
+
 def test_backends_agree_deterministic_and_thread_count():
     """Fixed chunks merged in a fixed order: the same bits run after run and at any thread count."""
     import numba
@@ -271,6 +301,11 @@ def test_combine_forms():
     assert two.count.shape == (3,)
     np.testing.assert_allclose(two.mean, [1.5, 2.5, 3.5])
     np.testing.assert_allclose(two.m2, [4.5, 4.5, 4.5])
+    # a list of Moments of Python numbers, as whiten's moments= takes them
+    listed = gaescan.combine_moments([gaescan.Moments(3.0, 2.0, 2.0), gaescan.Moments(2.0, 5.0, 0.5)])
+    np.testing.assert_allclose([float(f) for f in listed], [float(f) for f in gaescan.moments(x)])
+    with pytest.raises(ValueError, match="ms is empty"):
+        gaescan.combine_moments([])
 
 
 # --------------------------------------------------------------------------- PyTorch

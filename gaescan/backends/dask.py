@@ -92,6 +92,14 @@ def _context(named: dict[str, Any], out: Any, backend: str, cu_seqlens: Any) -> 
             "cu_seqlens is not supported with Dask arrays; pad the packed sequences to rows with a mask, "
             "or compute the packed 1-D array in memory"
         )
+    (lib,) = chunk_libraries(named) or {"numpy": ""}
+    return Context(lib, on_device=lib == "cupy")
+
+
+def chunk_libraries(named: dict[str, Any]) -> dict[str, str]:
+    """The chunks' library of a call with Dask arrays (``{library: first name}``,
+    empty for scalars only): the ``TypeError`` naming the arrays for any other
+    library (a PyTorch tensor) or for NumPy mixed with CuPy."""
     libs: dict[str, str] = {}
     for name, x in named.items():
         if x is None or library_of(x) == SCALAR:
@@ -109,8 +117,7 @@ def _context(named: dict[str, Any], out: Any, backend: str, cu_seqlens: Any) -> 
             f"all arrays of one call must live in the same array library, but {parts}; "
             "use one chunk type (e.g. x.map_blocks(cupy.asarray) or cupy.asarray(...))"
         )
-    (lib,) = libs or {"numpy": ""}
-    return Context(lib, on_device=lib == "cupy")
+    return libs
 
 
 def _as_dask(x: Any, chunks: Any) -> Any:
@@ -226,18 +233,27 @@ def _combine(dtype: np.dtype, summary: _carry.ScanSummary, carry: Any) -> Any:
     return _carry._combine(xp, decay, head, carry).astype(dtype, copy=False)
 
 
+def _typed(c: _Call, *xs: Any) -> tuple:
+    """The blocks of data arrays ``xs`` in the call's dtype: a block whose own
+    arrays are float32 computes in float64 (its summary, γ rounded to float64,
+    its carry) where another argument of the call makes the result float64."""
+    return tuple(x if x is None or isinstance(x, float) else x.astype(c.dtype, copy=False) for x in xs)
+
+
 def _gae_args(r, val, nv, term, trunc, mask, g, lam, boot, carry=None) -> dict[str, Any]:
     return dict(rewards=r, values=val, next_values=nv, last_value=boot, last_advantage=carry,
                 terminated=term, truncated=trunc, mask=mask, gamma=g, lam=lam)
 
 
 def _gae_summary(c: _Call, r, val, nv, term, trunc, mask, g, lam, boot):
+    r, val, nv = _typed(c, r, val, nv)
     with c.stream():
         return _carry.gae_summary_of(_xp(r), c.backend, _gae_args(r, val, nv, term, trunc, mask, g, lam, boot),
                                      c.axis)
 
 
 def _gae_block(c: _Call, r, val, nv, term, trunc, mask, g, lam, boot, carry):
+    r, val, nv = _typed(c, r, val, nv)
     with c.stream():
         adv, ret = _dispatch.run_gae(_xp(r), c.backend, _gae_args(r, val, nv, term, trunc, mask, g, lam, boot,
                                                                    carry), c.axis)
@@ -245,6 +261,7 @@ def _gae_block(c: _Call, r, val, nv, term, trunc, mask, g, lam, boot, carry):
 
 
 def _bootstrap_summary(c: _Call, val, mask):
+    (val,) = _typed(c, val)
     with c.stream():
         return _carry.bootstrap_summary_of(_xp(val), dict(values=val, mask=mask), c.axis)
 
@@ -255,12 +272,14 @@ def _vtrace_args(r, val, lr, nv, term, trunc, mask, g, lam, boot, carry=None) ->
 
 
 def _vtrace_summary(c: _Call, bars, r, val, lr, nv, term, trunc, mask, g, lam, boot):
+    r, val, lr, nv = _typed(c, r, val, lr, nv)
     with c.stream():
         return _carry.vtrace_summary_of(_xp(r), c.backend, _vtrace_args(r, val, lr, nv, term, trunc, mask, g, lam,
                                                                         boot), c.axis, bars[0], bars[1])
 
 
 def _vtrace_block(c: _Call, bars, r, val, lr, nv, term, trunc, mask, g, lam, boot, carry):
+    r, val, lr, nv = _typed(c, r, val, lr, nv)
     with c.stream():
         vs, adv = _vtrace._run(_xp(r), c.backend, _vtrace_args(r, val, lr, nv, term, trunc, mask, g, lam, boot,
                                                                carry), c.axis, None, *bars)
@@ -268,12 +287,14 @@ def _vtrace_block(c: _Call, bars, r, val, lr, nv, term, trunc, mask, g, lam, boo
 
 
 def _returns_summary(c: _Call, r, dones, mask, g):
+    (r,) = _typed(c, r)
     with c.stream():
         return _carry.returns_summary_of(_xp(r), c.backend, dict(rewards=r, dones=dones, mask=mask, gamma=g),
                                          c.axis)
 
 
 def _returns_block(c: _Call, r, dones, mask, g, carry):
+    (r,) = _typed(c, r)
     with c.stream():
         out = _dispatch.run_returns(_xp(r), c.backend,
                                     dict(rewards=r, dones=dones, mask=mask, gamma=g, last_value=carry), c.axis)
@@ -281,11 +302,13 @@ def _returns_block(c: _Call, r, dones, mask, g, carry):
 
 
 def _scan_summary(c: _Call, reverse, a, b):
+    a, b = _typed(c, a, b)
     with c.stream():
         return _carry.scan_summary_of(_xp(b), c.backend, dict(a=a, b=b), reverse, c.axis)
 
 
 def _scan_block(c: _Call, reverse, a, b, carry):
+    a, b = _typed(c, a, b)
     with c.stream():
         out = _dispatch.run_scan(_xp(b), c.backend, dict(a=a, b=b, initial=carry), reverse, c.axis)
     return out.astype(c.dtype, copy=False)

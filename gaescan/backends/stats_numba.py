@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .._validate import data_dtype
 from ..kernels import cpu_stats as k
 
 #: The chunk length of the moments and normalisation kernels.  It fixes the
@@ -63,7 +64,8 @@ def _data(x: Any, dtype: np.dtype | None = None) -> np.ndarray:
     if dtype is not None and flat.dtype != dtype:
         return flat.astype(dtype)
     if flat.dtype not in _KERNEL_DTYPES:
-        return flat.astype(np.float32)
+        # float16, integers, bool, and floats in the other byte order or wider
+        return flat.astype(data_dtype(flat))
     return flat
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .._turn_gae import TurnGAEProblem, decreasing_ids
+from .._turn_gae import TurnGAEProblem, decreasing_ids, ordered_ids
 from ..kernels import cpu_turn as k
 from . import numba_cpu
 from .numba_cpu import SERIAL_MAX_STEPS, _const_col, _data, _flag
@@ -74,7 +74,7 @@ def turn_gae(p: TurnGAEProblem) -> None:
     dt = rows.dtype
     ids = p.turn_ids
     if ids.dtype != np.int32 and ids.dtype != np.int64:
-        ids = ids.astype(np.int64)
+        ids = ordered_ids(ids)
     r, v = _data(p.rewards, rows), _data(p.values, rows)
     has_mask = p.mask is not None
     mask = _flag(p.mask, rows, True) if has_mask else _NO_MASK

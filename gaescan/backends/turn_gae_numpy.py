@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._turn_gae import TurnGAEProblem, decreasing_ids
+from .._turn_gae import TurnGAEProblem, decreasing_ids, ordered_ids
 
 
 def _per_row(c, n: int) -> np.ndarray:
@@ -45,7 +45,7 @@ def turn_gae(p: TurnGAEProblem) -> None:
     else:
         valid = p.mask != 0
     row, t = np.nonzero(valid)
-    ids = p.turn_ids[row, t].astype(np.int64, copy=False)
+    ids = ordered_ids(p.turn_ids[row, t])
     same_row = row[1:] == row[:-1]
     dec = same_row & (ids[1:] < ids[:-1])
     if dec.any():

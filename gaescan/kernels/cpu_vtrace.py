@@ -128,8 +128,9 @@ def _core(rt, vt, lrt, vp, g, lam, tm, dn, rb, cb, pb, d_next):
     # Selects, not multiplications by (1 - flag).
     td = rt - vt if tm else rt + g * vp - vt
     delta = _clip(rb, e) * td
-    # A zero decay (γ or λ zero, or e underflowing) drops the carry as a done does.
-    decay = g * (lam * _clip(cb, e))
+    # A zero decay (γ or λ zero, or e underflowing) drops the carry as a done does;
+    # a zero γ or λ whatever e (times an infinite e it is no NaN).
+    decay = 0.0 if g == 0 or lam == 0 else g * (lam * _clip(cb, e))
     dt = delta if dn or decay == 0 else delta + decay * d_next
     vsp = vp if dn else vp + d_next
     a = _clip(pb, e) * (rt - vt if tm else rt + g * vsp - vt)
@@ -278,7 +279,7 @@ def _pre(e, rt, vt, vp, tm, dn, g, gl, rb, cb, pb):
     # (0 at a done), the bracket of the advantage, ρpg and the carry's mask.
     w = rt - vt if tm else rt + g * vp - vt
     rho = rb if rb < e else e
-    a = gl * (cb if cb < e else e)
+    a = 0.0 if gl == 0 else gl * (cb if cb < e else e)
     pg = pb if pb < e else e
     return rho * w, (0.0 if dn else a), w, pg, (0.0 if dn else 1.0)
 
@@ -440,7 +441,7 @@ def _step(rt, vt, lrt, tm, g, gl, vn, x, rb, cb, pb):
     (``tm``: a termination, which takes no bootstrap and no carry)."""
     e = _exp(lrt)
     w = rt - vt if tm else g * vn + rt - vt
-    cw = 0.0 if tm else gl * _clip(cb, e)
+    cw = 0.0 if tm or gl == 0 else gl * _clip(cb, e)
     xm = 0.0 if tm else x
     a = _clip(pb, e) * (g * xm + w)
     # The chain's carry: dropped at a zero decay (a done's, or γλ·c = 0), as at a done.
