@@ -307,22 +307,18 @@ def test_float64_result_from_one_float64_argument(rng, chunking):
     lv = random_data(rng, (B,), np.float64)
     g8 = np.full((B, T), 0.9)
     R, V, M = (chunked(x, CHUNKINGS[chunking]) for x in (r, v, mask))
-    got = compute(
-        gaescan.discounted_returns(R, gamma=0.9, last_value=lv),
-        gaescan.linear_scan(0.9, R, reverse=True, initial=lv),
-        gaescan.linear_scan(0.9, R, initial=lv),
-        gaescan.gae(R, V, gamma=0.9, lam=0.9, last_advantage=lv).advantages,
-        gaescan.gae(R, V, gamma=g8, lam=1.0, mask=M, last_value=0.1).advantages,
-        gaescan.vtrace(R, V, R * 0, gamma=0.9, lam=0.9, last_value=lv).vs,
-    )
-    want = (
-        gt.discounted_returns(r, gamma=0.9, last_value=lv),
-        gt.linear_scan(0.9, r, reverse=True, initial=lv),
-        gt.linear_scan(0.9, r, initial=lv),
-        gt.gae(r, v, gamma=0.9, lam=0.9, last_advantage=lv).advantages,
-        gt.gae(r, v, gamma=g8, lam=1.0, mask=mask, last_value=0.1).advantages,
-        gt.vtrace(r, v, r * 0, gamma=0.9, lam=0.9, last_value=lv).vs,
-    )
+
+    def calls(lib, r, v, mask):  # gaescan on the Dask arrays, or its references on NumPy's
+        return (
+            lib.discounted_returns(r, gamma=0.9, last_value=lv),
+            lib.linear_scan(0.9, r, reverse=True, initial=lv),
+            lib.linear_scan(0.9, r, initial=lv),
+            lib.gae(r, v, gamma=0.9, lam=0.9, last_advantage=lv).advantages,
+            lib.gae(r, v, gamma=g8, lam=1.0, mask=mask, last_value=0.1).advantages,
+            lib.vtrace(r, v, r * 0, gamma=0.9, lam=0.9, last_value=lv).vs,
+        )
+
+    got, want = compute(*calls(gaescan, R, V, M)), calls(gt, r, v, mask)
     for x, y in zip(got, want, strict=True):
         gt.assert_close(x, y, dtype=np.float64)
 
