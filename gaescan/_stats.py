@@ -472,7 +472,8 @@ def whiten(
             if name == "numba":
                 stats = tuple(float(s) for s in stats)
         dtype = v.data_dtype(xa)
-        res = _output(xp, c["out"], tuple(xa.shape), dtype, {"x": xa, "mask": mk})
+        given = {f"moments.{f}": c[f"moments.{f}"] for f in Moments._fields} if moments is not None else {}
+        res = _output(xp, c["out"], tuple(xa.shape), dtype, {"x": xa, "mask": mk, **given})
         if xa.size:
             _load(name).whiten(xp, xa, mk, stats, shift_mean, ddof, eps, res)
     if out is not None:

@@ -366,6 +366,11 @@ def test_errors_other():
     x = np.ones((2, 3))
     with pytest.raises(ValueError, match="overlaps"):
         gaescan.whiten(x, out=x)
+    buf = np.array([6.0, 1.0, 0.5, 0.0, 0.0, 0.0])  # moments= read from the out buffer
+    given = gaescan.Moments(*(buf[k:k + 1].reshape(()) for k in range(3)))
+    for be in BACKENDS:
+        with pytest.raises(ValueError, match="overlaps the input 'moments.count'"):
+            gaescan.whiten(x.reshape(-1), moments=given, out=buf, backend=be)
     with pytest.raises(TypeError, match="scalar"):
         gaescan.whiten(1.0)
     with pytest.raises(ValueError, match="mask"):
