@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import struct
 import threading
 from typing import Any
@@ -666,11 +667,53 @@ def _common(L: _Launch) -> tuple[Any, int]:
     return L.arr(None, np.int64, 1), 0
 
 
+# --------------------------------------------------------------------------- decays near 1
+
+#: The largest scalar decay (``γλ``, ``γ``, ``|a|``) whose float32 problems run the float32
+#: kernels.  Above it, and below 1, a float32 problem runs the float64 kernels on float64
+#: copies of its inputs, and its outputs are rounded once into the caller's: the float32
+#: state drifts past the contract's tolerance there on rows longer than the horizon
+#: (docs/semantics.md, "Known differences between backends").  A decay of exactly 1 rounds
+#: nowhere.  Coefficient arrays, whose values the host does not read, keep the float32 kernels.
+F32_STATE_MAX_DECAY = float(np.float32(0.999))
+
+
+def _near_one(p: Any, *factors: Any) -> bool:
+    """Whether float32 problem ``p``'s decay, the product of the scalar ``factors``, lies in
+    ``(F32_STATE_MAX_DECAY, 1)`` (``False`` where a factor is an array)."""
+    if p.rows.dtype != np.float32 or not all(isinstance(f, float) for f in factors):
+        return False
+    decay = abs(float(np.prod(factors)))
+    return F32_STATE_MAX_DECAY < decay < 1.0
+
+
+def _in_float64(p: Any, outputs: tuple[str, ...], run: Any) -> None:
+    """``run`` on a float64 copy of problem ``p``; its outputs stored, rounded once, in ``p``'s.
+
+    Every float array is copied to float64 (stream-ordered conversions, no host
+    synchronisation); scalars are already values of float32 and stay as they are.
+    """
+    xp = p.rows.xp
+    f8 = np.dtype(np.float64)
+
+    def widen(x: Any) -> Any:
+        return x.astype(f8) if hasattr(x, "dtype") and x.dtype.kind == "f" else x
+
+    skip = ("rows", *outputs)
+    fields = {f.name: widen(getattr(p, f.name)) for f in dataclasses.fields(p) if f.name not in skip}
+    temps = {o: xp.empty(getattr(p, o).shape, dtype=f8) for o in outputs}
+    run(dataclasses.replace(p, rows=dataclasses.replace(p.rows, dtype=f8), **fields, **temps))
+    for o in outputs:
+        getattr(p, o)[...] = temps[o]
+
+
 # --------------------------------------------------------------------------- the three problems
 
 
 def gae(p: GAEProblem) -> None:
     """Write ``p.advantages`` and ``p.returns`` (see :class:`gaescan._problem.GAEProblem`)."""
+    if _near_one(p, p.gamma, p.lam):
+        return _in_float64(p, ("advantages", "returns"), gae)
     L = _Launch(p.rows, p.rewards)
     g, g_s, o1 = _coeff(L, p.gamma, kern.OPT_GARR)
     lm, l_s, o2 = _coeff(L, p.lam, kern.OPT_LARR)
@@ -699,6 +742,8 @@ def gae(p: GAEProblem) -> None:
 
 def discounted_returns(p: ReturnsProblem) -> None:
     """Write ``p.returns`` (see :class:`gaescan._problem.ReturnsProblem`)."""
+    if _near_one(p, p.gamma):
+        return _in_float64(p, ("returns",), discounted_returns)
     L = _Launch(p.rows, p.rewards)
     g, g_s, o1 = _coeff(L, p.gamma, kern.OPT_GARR)
     lv, lv_s, o3 = _bound(L, p.last_value)
@@ -715,6 +760,8 @@ def discounted_returns(p: ReturnsProblem) -> None:
 
 def linear_scan(p: ScanProblem) -> None:
     """Write ``p.out`` (see :class:`gaescan._problem.ScanProblem`)."""
+    if _near_one(p, p.a):
+        return _in_float64(p, ("out",), linear_scan)
     L = _Launch(p.rows, p.b)
     g, g_s, o1 = _coeff(L, p.a, kern.OPT_GARR)
     lv, lv_s, o3 = _bound(L, p.initial)

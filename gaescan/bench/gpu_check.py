@@ -784,6 +784,8 @@ def correctness_cases(n_long: int) -> list[CheckCase]:
         C(f"gae few long rows B=4 T={N} f32 dones (repeat)", gae_check, _gae((4, N), repeat=True)),
         C("gae long rows B=3 T=300001 f32 mask+gamma[B,1]+lam[B,T]+lv[B]", gae_check, long_mixed),
         C("gae single row T=1000003 f64 gamma=lam=1", gae_check, _gae((1000003,), np.float64, gamma=1.0, lam=1.0)),
+        # A float32 decay near 1 runs the float64 kernels on float64 copies.
+        C("gae B=2 T=65536 f32 gamma=lam=0.9999 (float64 kernels)", gae_check, _gae((2, 65536), gamma=0.9999, lam=0.9999)),
         # last_advantage (the carry-in of sequence-parallel slices): both drivers and packed.
         C("gae last_advantage[B] + lv[B], B=2048 T=2000 f32 (rows driver)", gae_check,
           _gae((2048, 2000), last_value=("normal", 2048), last_advantage=("normal", 2048))),
