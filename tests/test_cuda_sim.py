@@ -1050,3 +1050,17 @@ def test_float32_decay_near_one_runs_in_float64_into_the_callers_outputs(monkeyp
         y = np.empty((R, T), f4)
         cb.linear_scan(ScanProblem(rows_of(f4, R, T), g, r, True, 0.5, y))
         close(y, gt.linear_scan(g, r.astype(np.float64), reverse=True, initial=0.5), f4)
+
+
+def test_float32_vtrace_on_policy_decay_near_one_on_a_long_row():
+    # V-trace's on-policy decay is γλ: above F32_STATE_MAX_DECAY it computes in float64.
+    import gaescan
+
+    rng = np.random.default_rng(3)
+    r = rng.random((1, 1 << 15)).astype(np.float32)
+    v = (rng.standard_normal((1, 1 << 15)) * 0.1).astype(np.float32)
+    lr = np.zeros_like(r)
+    got = gaescan.vtrace(*(cuda.to_device(x) for x in (r, v, lr)), gamma=0.9999, lam=0.9999, backend="cuda")
+    want = gt.vtrace(r, v, lr, gamma=0.9999, lam=0.9999)
+    gt.assert_close(np.asarray(got.vs), want.vs, dtype=np.float32)
+    gt.assert_close(np.asarray(got.advantages), want.advantages, dtype=np.float32)

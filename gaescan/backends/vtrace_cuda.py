@@ -39,5 +39,11 @@ def _scan(xp: Any, a: Any, b: Any, init: Any) -> Any:
 
 
 def vtrace(p: VTraceProblem) -> None:
-    """Write ``p.vs`` and ``p.advantages`` (see :class:`gaescan._vtrace.VTraceProblem`)."""
-    _vtrace(p, _scan, wide=False)
+    """Write ``p.vs`` and ``p.advantages`` (see :class:`gaescan._vtrace.VTraceProblem`).
+
+    A float32 problem with scalar ``γ`` and ``λ`` whose product lies above
+    :data:`gaescan.backends.cuda.F32_STATE_MAX_DECAY` (and below 1) computes in
+    float64, its scans included, as the GAE kernels do there: the on-policy
+    decay ``γλ`` would drift in float32.
+    """
+    _vtrace(p, _scan, wide=cuda._near_one(p, p.gamma, p.lam))
