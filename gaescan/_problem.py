@@ -30,6 +30,7 @@ frozen checks, which cost on every small call.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Union
 
@@ -37,6 +38,20 @@ import numpy as np
 
 Array = Any  # a NumPy or CuPy ndarray (the compute namespace's array type)
 Coeff = Union[float, Array]  # noqa: UP007 - a runtime alias, kept valid on Python 3.10
+
+
+def widened(p: Any, outputs: tuple[str, ...]) -> Any:
+    """Problem ``p`` (any problem dataclass) in float64: its rows' dtype float64
+    and every float array but the ``outputs`` fields copied to float64 (in the
+    compute namespace: stream-ordered on a GPU).  Scalars are values of ``p``'s
+    dtype already and stay as they are; so, exactly, do the arrays' values (a
+    float32 problem's float arrays are float32 or narrower)."""
+    def widen(x: Any) -> Any:
+        return x.astype(np.float64) if hasattr(x, "dtype") and x.dtype.kind == "f" else x
+
+    skip = ("rows", *outputs)
+    fields = {f.name: widen(getattr(p, f.name)) for f in dataclasses.fields(p) if f.name not in skip}
+    return dataclasses.replace(p, rows=dataclasses.replace(p.rows, dtype=np.dtype(np.float64)), **fields)
 
 
 @dataclass(frozen=True)

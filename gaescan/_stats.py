@@ -519,9 +519,10 @@ def combine_moments(ms: Any) -> Moments:
     >>> float(m.count), float(m.mean), float(m.m2)
     (10.0, 4.5, 82.5)
     """
-    if isinstance(ms, (list, tuple)) and not isinstance(ms, Moments) and not len(ms):
+    listed = isinstance(ms, (list, tuple)) and not isinstance(ms, Moments)
+    if listed and not ms:
         raise ValueError("ms is empty: give at least one gaescan.Moments (an empty part is one of count 0)")
-    if isinstance(ms, (list, tuple)) and not isinstance(ms, Moments) and all(isinstance(m, Moments) for m in ms):
+    if listed and all(isinstance(m, Moments) for m in ms):
         parts = [_moment_fields(m, f"ms[{i}]") for i, m in enumerate(ms)]
         named = {f"ms[{i}].{f}": p[j] for i, p in enumerate(parts) for j, f in enumerate(Moments._fields)}
         if all(v.is_scalar(x) for x in named.values()):

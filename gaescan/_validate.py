@@ -37,7 +37,7 @@ def _check_numeric(x: Any, name: str) -> None:
 def result_dtype(*arrays: Any) -> np.dtype:
     """float64 if any float array is 64-bit or wider, else float32 (scalars are weak)."""
     for x in arrays:
-        if x is not None and not _is_scalar(x) and x.dtype.kind == "f" and x.dtype.itemsize >= 8:
+        if x is not None and not _is_scalar(x) and data_dtype(x) == np.float64:
             return np.dtype(np.float64)
     return np.dtype(np.float32)
 

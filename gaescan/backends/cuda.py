@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import dataclasses
 import struct
 import threading
 from typing import Any
@@ -48,7 +47,7 @@ except ImportError:  # pragma: no cover - an old Numba
     from numba import types
 
 from .._config import Tunables
-from .._problem import GAEProblem, ReturnsProblem, ScanProblem
+from .._problem import GAEProblem, ReturnsProblem, ScanProblem, widened
 from ..kernels import cuda as kern
 from ._cuda_graphs import keeping_if_captured
 
@@ -688,21 +687,13 @@ def _near_one(p: Any, *factors: Any) -> bool:
 
 
 def _in_float64(p: Any, outputs: tuple[str, ...], run: Any) -> None:
-    """``run`` on a float64 copy of problem ``p``; its outputs stored, rounded once, in ``p``'s.
-
-    Every float array is copied to float64 (stream-ordered conversions, no host
-    synchronisation); scalars are already values of float32 and stay as they are.
-    """
-    xp = p.rows.xp
-    f8 = np.dtype(np.float64)
-
-    def widen(x: Any) -> Any:
-        return x.astype(f8) if hasattr(x, "dtype") and x.dtype.kind == "f" else x
-
-    skip = ("rows", *outputs)
-    fields = {f.name: widen(getattr(p, f.name)) for f in dataclasses.fields(p) if f.name not in skip}
-    temps = {o: xp.empty(getattr(p, o).shape, dtype=f8) for o in outputs}
-    run(dataclasses.replace(p, rows=dataclasses.replace(p.rows, dtype=f8), **fields, **temps))
+    """``run`` on a float64 copy of problem ``p`` (:func:`gaescan._problem.widened`, no
+    host synchronisation); its outputs stored, rounded once, in ``p``'s."""
+    wide = widened(p, outputs)
+    temps = {o: p.rows.xp.empty(getattr(p, o).shape, dtype=np.float64) for o in outputs}
+    for o, t in temps.items():
+        setattr(wide, o, t)
+    run(wide)
     for o in outputs:
         getattr(p, o)[...] = temps[o]
 

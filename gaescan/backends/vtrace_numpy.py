@@ -27,12 +27,12 @@ GAE backend's).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from .._problem import widened
 from .._vtrace import VTraceProblem
 from .numpy_chunk import (
     _chunk,
@@ -45,7 +45,6 @@ from .numpy_chunk import (
     _Frame,
     _row_blocks,
     _typed,
-    _wide,
     reverse_scan,
 )
 
@@ -69,19 +68,9 @@ def _vtrace(p: VTraceProblem, scan: Callable[[Any, Any, Any, Any], Any], wide: b
     With ``wide`` a float32 problem computes in float64 (the inputs rounded to
     float32 first, as the reference's); without, in float32.
     """
-    rows, xp = p.rows, p.rows.xp
-    dt = _wide(rows.dtype) if wide else rows.dtype
-    if dt != rows.dtype:
-        narrow = rows
-
-        # Every input is first a value of the output dtype, then widened exactly.
-        def widen(x: Any) -> Any:
-            return x if x is None or isinstance(x, float) else _data(x, narrow).astype(dt)
-        p = dataclasses.replace(
-            p, rows=dataclasses.replace(rows, dtype=dt),
-            **{f: widen(getattr(p, f)) for f in ("rewards", "values", "log_rhos", "next_values", "gamma", "lam",
-                                                  "last_value", "last_trace")})
-        rows = p.rows
+    if wide and p.rows.dtype == np.float32:
+        p = widened(p, ("vs", "advantages"))
+    rows, xp, dt = p.rows, p.rows.xp, p.rows.dtype
     zero = dt.type(0)
     frame = _Frame(rows, p.last_value)
     valid = _flag(p.mask)
