@@ -202,6 +202,27 @@ class _Block:
 
 
 @intrinsic
+def fma(typingctx, x, y, z):
+    """``x·y + z`` rounded once (``llvm.fma``), for three floats of one type.
+
+    The scalar steps that must give the bits of the SIMD blocks (which call
+    ``llvm.fma`` themselves) write their contractions with it: under
+    ``fastmath={"contract"}`` LLVM decides per loop which products it fuses,
+    and a loop where it fuses another one (or none) rounds differently."""
+    if not (isinstance(x, types.Float) and x == y == z):
+        return None
+    sig = x(x, y, z)
+
+    def codegen(context, builder, signature, args):
+        ty = context.get_value_type(signature.return_type)
+        name = "llvm.fma.f32" if isinstance(ty, ir.FloatType) else "llvm.fma.f64"
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty] * 3), name)
+        return builder.call(fn, list(args))
+
+    return sig, codegen
+
+
+@intrinsic
 def sfence(typingctx):
     """A store fence: the non-temporal stores before it are visible to other
     threads (x86 orders them by no other fence a kernel runs)."""

@@ -70,7 +70,7 @@ from numba import njit, prange, types
 from numba.core.caching import NullCache
 
 from .. import _threading
-from ._lanes import lanes_block, scan_block, sfence
+from ._lanes import fma, lanes_block, scan_block, sfence
 
 _FLOATS = (types.float32, types.float64)
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -679,8 +679,9 @@ def _flag_at(flags, has, i, t):
 @njit(inline="always", fastmath=_FM)
 def _gstep(rt, vt, vn, dt, g, gl, an):
     # δ in the data dtype, the carried A (``an``, ``gl``) in ``_f8``.  A
-    # select, not a multiplication by (1 - done): NaN isolation.
-    x = _f8(rt + g * vn - vt) + gl * an
+    # select, not a multiplication by (1 - done): NaN isolation.  Both
+    # products fused by fma(), as the SIMD blocks fuse them.
+    x = fma(gl, an, _f8(fma(g, vn, rt) - vt))
     y = _f8(rt - vt)
     return y if dt else x
 
@@ -691,7 +692,7 @@ def _mstep(rt, vt, term, valid, g, gl, an, vn, zero):
     masked one the carried (A, V) pass through and both outputs are 0.  All
     selects: a NaN at a masked position is computed but never chosen.
     Returns the carried (A, V) and the A and V of the outputs (``ret = A + V``)."""
-    x = _f8(rt + g * vn - vt) + gl * an
+    x = fma(gl, an, _f8(fma(g, vn, rt) - vt))
     a = _f8(rt - vt) if term else x
     if valid:
         return a, vt, a, vt
@@ -702,10 +703,10 @@ def _mstep(rt, vt, term, valid, g, gl, an, vn, zero):
 def _nstep(rt, vt, nvt, term, done, g, gl, an):
     """A step with ``V' = next_values[t]`` and truncation: the bootstrap is
     cut on ``term``, the sum on ``done = term or trunc`` (both selects)."""
-    x = rt + g * nvt - vt
+    x = fma(g, nvt, rt) - vt
     y = rt - vt
     delta = _f8(y if term else x)
-    return delta if done else delta + gl * an
+    return delta if done else fma(gl, an, delta)
 
 
 @njit(inline="always", fastmath=_FM)
@@ -746,7 +747,7 @@ def _row_term(r, v, d, adv, ret, i, t, g, gl, a, vn):
 def _row_plain(r, v, adv, ret, i, t, g, gl, a, vn):
     """One step of row ``i`` at ``t`` without flags."""
     x = v[i, t]
-    a = _f8(r[i, t] + g * vn - x) + gl * a
+    a = fma(gl, a, _f8(fma(g, vn, r[i, t]) - x))
     o = adv.dtype.type(a)
     adv[i, t] = o
     ret[i, t] = o + x
