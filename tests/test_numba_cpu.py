@@ -1073,7 +1073,7 @@ def test_packed_lanes_nan_stays_in_its_sequence(monkeypatch):
         assert np.array_equal(x[keep], y[keep])
 
 
-@pytest.mark.parametrize("why", ["float64", "per-step-gamma", "short", "few", "strided", "next-no-trunc",
+@pytest.mark.parametrize("why", ["per-step-gamma", "short", "few", "strided", "next-no-trunc",
                                  "next+mask", "skewed"])
 def test_packed_lanes_fallbacks(build_spy, monkeypatch, why):
     # calls the packed-lanes kernel does not take run the general kernel
@@ -1085,10 +1085,7 @@ def test_packed_lanes_fallbacks(build_spy, monkeypatch, why):
     lengths = rng.integers(20, 60, size=3 if why == "few" else 20)
     r, v, kw = _packed_case("next" if why.startswith("next") else "plain", lengths, 11)
     gamma = 0.99
-    if why == "float64":
-        r, v = r.astype(np.float64), v.astype(np.float64)
-        kw = {k: x.astype(np.float64) if x.dtype == np.float32 else x for k, x in kw.items()}
-    elif why == "per-step-gamma":
+    if why == "per-step-gamma":
         gamma = np.full(r.shape, 0.99, np.float32)
     elif why == "strided":
         r = np.repeat(r, 2)[::2]
@@ -1104,6 +1101,70 @@ def test_packed_lanes_fallbacks(build_spy, monkeypatch, why):
     assert [k for k, _ in build_spy] == ["gae_rows"]
     ref = gt.gae(r, v, gamma=gamma, lam=0.95, **kw)
     assert gt.assert_close(got[0], ref[0]) <= 2e-5 and gt.assert_close(got[1], ref[1]) <= 2e-5
+
+
+# gae_packed_pairs: packed float64 sequences with scalar γ and λ, two at a time.
+
+
+def _f64(r, v, kw):
+    return r.astype(np.float64), v.astype(np.float64), {
+        k: x.astype(np.float64) if x.dtype == np.float32 else x for k, x in kw.items()}
+
+
+@pytest.mark.parametrize("case", PACKED_CASES + ["next-no-trunc"])
+def test_packed_pairs_give_each_sequences_bits(build_spy, case):
+    for S, seed in ((1, 1), (2, 4), (9, 2), (130, 3)):
+        r, v, kw = _f64(*_packed_case(case.removesuffix("-no-trunc"), _packed_lengths(np.random.default_rng(seed), S),
+                                      seed))
+        if case == "next-no-trunc":
+            del kw["truncated"]
+        build_spy.clear()
+        got = gaescan.gae(r, v, gamma=0.999, lam=0.95, backend="numba", **kw)
+        assert build_spy == [("gae_packed_pairs", "f64")]
+        assert all(np.array_equal(x.view(np.uint64), y.view(np.uint64))
+                   for x, y in zip(got, _per_sequence(r, v, 0.999, 0.95, kw), strict=True))
+        ref = gt.gae(r, v, gamma=0.999, lam=0.95, **kw)
+        assert gt.assert_close(got[0], ref[0]) <= 1e-12 and gt.assert_close(got[1], ref[1]) <= 1e-12
+
+
+def test_packed_pairs_thread_count_and_nan(monkeypatch):
+    # 2^17 + 3 steps in sequences of every length around a pair's ends: the
+    # same bits on one thread and on all; a NaN stays in its sequence
+    rng = np.random.default_rng(21)
+    lengths = np.append(rng.choice(LANE_LENGTHS + [0, 1000, 4099], size=200), 0)
+    lengths[-1] = (1 << 17) + 3 - lengths.sum()
+    r, v, kw = _f64(*_packed_case("dones", lengths, 21))
+    cu = kw["cu_seqlens"]
+    a1, a2 = one_thread_and_all(lambda: gaescan.gae(r, v, gamma=0.99, lam=0.95, backend="numba", **kw))
+    assert all(np.array_equal(x.view(np.uint64), y.view(np.uint64)) for x, y in zip(a1, a2, strict=True))
+    ref = gt.gae(r, v, gamma=0.99, lam=0.95, **kw)
+    assert gt.assert_close(a1[0], ref[0]) <= 1e-12 and gt.assert_close(a1[1], ref[1]) <= 1e-12
+    s = int(np.argmax(lengths > 20))
+    r = r.copy()
+    r[cu[s] + 5] = np.nan
+    got = gaescan.gae(r, v, gamma=0.99, lam=0.95, backend="numba", **kw)
+    keep = np.ones(len(r), bool)
+    keep[cu[s]:cu[s] + 6] = False
+    for x, y in zip(got, a1, strict=True):
+        assert np.array_equal(x[keep], y[keep]) and np.isnan(x[cu[s] + 5])
+
+
+@pytest.mark.parametrize("why", ["per-step-gamma", "zero-lam", "next+mask"])
+def test_packed_pairs_fallbacks(build_spy, why):
+    # float64 packed calls the pairs kernel does not take run the general kernel
+    r, v, kw = _f64(*_packed_case("next" if why == "next+mask" else "dones",
+                                  np.random.default_rng(12).integers(20, 60, size=20), 12))
+    gamma, lam = 0.99, 0.95
+    if why == "per-step-gamma":
+        gamma = np.full(r.shape, 0.99)
+    elif why == "zero-lam":
+        lam = 0.0
+    else:
+        kw["mask"] = np.random.default_rng(12).random(r.shape) < 0.9
+    got = gaescan.gae(r, v, gamma=gamma, lam=lam, backend="numba", **kw)
+    assert [k for k, _ in build_spy] == ["gae_rows"]
+    ref = gt.gae(r, v, gamma=gamma, lam=lam, **kw)
+    assert gt.assert_close(got[0], ref[0]) <= 1e-12 and gt.assert_close(got[1], ref[1]) <= 1e-12
 
 
 @pytest.mark.slow

@@ -194,49 +194,76 @@ def _gae(p: GAEProblem, keep: bool) -> Any:
 
 # The packed-lanes kernel runs sequences of at least this many steps on
 # average: shorter ones run mostly one step at a time (the lanes' heads and
-# tails), where the general kernel runs two sequences per loop.
+# tails), where the pairs kernel runs two sequences per loop.
 PACKED_MIN_MEAN_STEPS = 256
 # One lane runs a whole sequence: a sequence that holds more than this
 # fraction of the steps is the call's critical path, one step at a time, where
-# the general kernel runs it beside the others.  A lane's share of the steps
+# the pairs kernel runs it beside the others.  A lane's share of the steps
 # with two groups of eight lanes; a fixed fraction, not one per thread count,
 # so that the kernel, and with it the bits, never depend on the thread count.
 PACKED_MAX_SEQUENCE_SHARE = 1 / 16
 
 
 def _gae_packed(p: GAEProblem, rows: Rows) -> bool:
-    """Packed float32 sequences through :func:`gaescan.kernels.cpu.gae_packed_lanes`;
-    ``False`` (nothing run) where it does not serve: float64, γ or λ not
-    scalar, a mask with ``next_values``, ``next_values`` without both flags,
-    fewer than 8 sequences, short sequences (``PACKED_MIN_MEAN_STEPS``), a
-    sequence of more than ``PACKED_MAX_SEQUENCE_SHARE`` of the steps, a
-    call the calling thread runs (``SERIAL_MAX_STEPS``), or an array whose
-    steps are not consecutive in memory."""
-    S, N = rows.nseg, rows.T
-    if rows.dtype != _F4 or S < 8 or N < PACKED_MIN_MEAN_STEPS * S or N <= SERIAL_MAX_STEPS:
-        return False
+    """Packed sequences with scalar γ and λ (both nonzero) through a fused
+    kernel; ``False`` (nothing run) for other calls (per-step or zero
+    decays, a mask with ``next_values``), which the general kernel runs.
+
+    :func:`gaescan.kernels.cpu.gae_packed_lanes` (eight sequences in SIMD
+    lanes) runs float32 calls where it serves (:func:`_packed_lanes_ok`),
+    :func:`gaescan.kernels.cpu.gae_packed_pairs` (two at a time) float64
+    ones.  Other float32 calls (short sequences, few of them, one that holds
+    much of the steps) run as fast on the general kernel, which they keep
+    (benchmarks/results/*-packed-pairs.txt)."""
     if not (isinstance(p.gamma, float) and isinstance(p.lam, float) and p.gamma and p.lam):
-        return False  # per-step or zero decays: the general kernel (the lanes multiply by the decay)
-    if int(np.diff(rows.cu_seqlens).max()) > PACKED_MAX_SEQUENCE_SHARE * N:
-        return False
+        return False  # per-step or zero decays: the general kernel (the fused ones multiply by the decay)
     has_next = p.next_values is not None
-    if has_next and (p.mask is not None or p.terminated is None or p.truncated is None):
+    if has_next and p.mask is not None:
         return False
     r, v = _data(p.rewards, rows), _data(p.values, rows)
     nv = _data(p.next_values, rows) if has_next else v
-    term = _NO_FLAGS if p.terminated is None else _flag8(p.terminated)
-    trunc = _NO_FLAGS if p.truncated is None else _flag8(p.truncated)
+    gcol, lcol = _const_col(p.gamma, 1, rows.dtype), _const_col(p.lam, 1, rows.dtype)
+    narrow = _gae_narrow(p, rows, gcol, lcol)
+    bound, carry = _bound(p.last_value, rows), _bound(p.last_advantage, rows)
+    term = None if p.terminated is None else _flag8(p.terminated)
+    trunc = None if p.truncated is None else _flag8(p.truncated)
     mask = _NO_FLAGS if p.mask is None else _flag8(p.mask)
-    read = [x for x in (r, v, nv, term, trunc, mask, p.advantages, p.returns) if x is not _NO_FLAGS]
-    if not all(_along_time(x) for x in read):
-        return False
-    gcol, lcol = _const_col(p.gamma, 1, _F4), _const_col(p.lam, 1, _F4)
-    order, groups = _packed_order(rows.cu_seqlens, max(1, min(numba.get_num_threads(), S // 8)))
-    _run(cpu.gae_packed_lanes, _gae_narrow(p, rows, gcol, lcol))(
-        r, v, nv, has_next, term, p.terminated is not None, trunc, mask, p.mask is not None,
-        gcol, lcol, _bound(p.last_value, rows), _bound(p.last_advantage, rows), rows.cu_seqlens, order, groups,
-        *_stream(p.advantages, p.returns), p.advantages, p.returns)
+    if _packed_lanes_ok(rows, r, v, nv, term, trunc, mask if p.mask is not None else None, has_next,
+                        p.advantages, p.returns):
+        order, groups = _packed_order(rows.cu_seqlens, max(1, min(numba.get_num_threads(), rows.nseg // 8)))
+        _run(cpu.gae_packed_lanes, narrow)(
+            r, v, nv, has_next, _NO_FLAGS if term is None else term, term is not None,
+            _NO_FLAGS if trunc is None else trunc, mask, p.mask is not None,
+            gcol, lcol, bound, carry, rows.cu_seqlens, order, groups,
+            *_stream(p.advantages, p.returns), p.advantages, p.returns)
+        return True
+    if rows.dtype == _F4:
+        return False  # float32 the pairs kernel does not serve faster than the general one
+    # Absent flags: zero-stride views of 0 (the step with next values reads both).
+    zeros = np.ndarray(r.shape, np.uint8, _ZERO8, 0, (0, 0))
+    _run(cpu.gae_packed_pairs, narrow)(
+        r, v, nv, has_next, zeros if term is None else term, term is not None, zeros if trunc is None else trunc,
+        mask, p.mask is not None, gcol, lcol, bound, carry, rows.cu_seqlens, p.advantages, p.returns)
     return True
+
+
+def _packed_lanes_ok(rows: Rows, r: np.ndarray, v: np.ndarray, nv: np.ndarray, term: np.ndarray | None,
+                     trunc: np.ndarray | None, mask: np.ndarray | None, has_next: bool, adv: np.ndarray,
+                     ret: np.ndarray) -> bool:
+    """Whether :func:`gaescan.kernels.cpu.gae_packed_lanes` serves a packed
+    call (flags as uint8 views or ``None``): float32, at least 8 sequences,
+    long ones on average (``PACKED_MIN_MEAN_STEPS``), none of more than
+    ``PACKED_MAX_SEQUENCE_SHARE`` of the steps, above ``SERIAL_MAX_STEPS``
+    steps, ``next_values`` with both flags, and every array it reads with its
+    steps consecutive in memory."""
+    S, N = rows.nseg, rows.T
+    if rows.dtype != _F4 or S < 8 or N < PACKED_MIN_MEAN_STEPS * S or N <= SERIAL_MAX_STEPS:
+        return False
+    if int(np.diff(rows.cu_seqlens).max()) > PACKED_MAX_SEQUENCE_SHARE * N:
+        return False
+    if has_next and (term is None or trunc is None):
+        return False
+    return all(_along_time(x) for x in (r, v, nv, term, trunc, mask, adv, ret) if x is not None)
 
 
 # From this many bytes of each output up, the lanes kernels write the outputs

@@ -252,7 +252,7 @@ def _renamed(func: Callable[..., Any], suffix: str, namespace: dict[str, Any]) -
 _STATE_HELPERS = ("_gae_at", "_ret_at", "_scan_at", "_gstep", "_mstep", "_nstep", "_lane_steps",
                   "_rows_block", "_packed_block", "_tm_cols", "_tm_ret_at",
                   "_gae_span", "_gae_span2", "_ret_span", "_ret_span2",
-                  "_row_next", "_row_mask", "_row_term", "_row_plain", "_gae_row_uncarried",
+                  "_row_next", "_row_mask", "_row_term", "_row_plain", "_seq_step", "_seq_pair", "_gae_row_uncarried",
                   "_gae_pair", "_gae_rows_apart", "_gae_unit", "_ret_pair", "_ret_unit", "_ret_tail", "_scan_steps")
 _F4_NAMESPACE: dict[str, Any] = {}
 
@@ -275,10 +275,10 @@ def _f4_namespace() -> dict[str, Any]:
     return _F4_NAMESPACE
 
 
-def kernel(signatures: list[Any], **options: Any) -> Callable[[Callable[..., Any]], Kernel]:
+def kernel(signatures: list[Any], *, narrow: bool = True, **options: Any) -> Callable[[Callable[..., Any]], Kernel]:
     """Decorator: a :class:`Kernel` with these signatures and njit options,
-    and a float32-state build."""
-    return lambda func: Kernel(func, signatures, narrow=True, **options)
+    and a float32-state build unless ``narrow`` is false (a float64-only kernel)."""
+    return lambda func: Kernel(func, signatures, narrow=narrow, **options)
 
 
 def all_kernels() -> list[Kernel]:
@@ -1374,6 +1374,89 @@ def gae_packed_lanes(rewards, values, next_values, has_next, term, has_term, tru
                             0, pos[q], lo[q], g, gl, _f8(sa[q]), sv[q], zero, adv, ret)
         if stream:
             sfence()
+
+
+@njit(inline="always", fastmath=_FM)
+def _seq_step(r, v, nv, d, tr, m, adv, ret, has_next, has_term, has_mask, t, g, gl, a, vn):
+    """Step ``t`` of row 0 with the step of :func:`_gae_pair` for the case."""
+    if has_next:
+        a = _row_next(r, v, nv, d, tr, adv, ret, 0, t, g, gl, a)
+    elif has_mask:
+        a, vn = _row_mask(r, v, d, m, adv, ret, 0, t, has_term, g, gl, a, vn)
+    elif has_term:
+        a, vn = _row_term(r, v, d, adv, ret, 0, t, g, gl, a, vn)
+    else:
+        a, vn = _row_plain(r, v, adv, ret, 0, t, g, gl, a, vn)
+    return a, vn
+
+
+@njit(inline="always", fastmath=_FM)
+def _seq_pair(r, v, nv, d, tr, m, adv, ret, has_next, has_term, has_mask, e0, e1, k, g, gl, a0, v0, a1, v1):
+    """The last ``k`` steps of the sequences of row 0 that end at ``e0`` and
+    ``e1``, in one loop per case as :func:`_gae_pair` runs two rows."""
+    if has_next:
+        for j in range(k):
+            a0 = _row_next(r, v, nv, d, tr, adv, ret, 0, np.uint64(e0 - 1 - j), g, gl, a0)
+            a1 = _row_next(r, v, nv, d, tr, adv, ret, 0, np.uint64(e1 - 1 - j), g, gl, a1)
+    elif has_mask:
+        for j in range(k):
+            a0, v0 = _row_mask(r, v, d, m, adv, ret, 0, np.uint64(e0 - 1 - j), has_term, g, gl, a0, v0)
+            a1, v1 = _row_mask(r, v, d, m, adv, ret, 0, np.uint64(e1 - 1 - j), has_term, g, gl, a1, v1)
+    elif has_term:
+        for j in range(k):
+            a0, v0 = _row_term(r, v, d, adv, ret, 0, np.uint64(e0 - 1 - j), g, gl, a0, v0)
+            a1, v1 = _row_term(r, v, d, adv, ret, 0, np.uint64(e1 - 1 - j), g, gl, a1, v1)
+    else:
+        for j in range(k):
+            a0, v0 = _row_plain(r, v, adv, ret, 0, np.uint64(e0 - 1 - j), g, gl, a0, v0)
+            a1, v1 = _row_plain(r, v, adv, ret, 0, np.uint64(e1 - 1 - j), g, gl, a1, v1)
+    return a0, v0, a1, v1
+
+
+_F8T = types.float64
+
+
+@kernel([None, types.void(_ro(_F8T, 2), _ro(_F8T, 2), _ro(_F8T, 2), _B, _U8A, _B, _U8A, _U8A, _B, _ro(_F8T, 1),
+                          _ro(_F8T, 1), _ro(_F8T, 1), _ro(_F8T, 1), _CU, types.Array(_F8T, 2, "A"),
+                          types.Array(_F8T, 2, "A"))],
+        narrow=False, parallel=True, fastmath=_FM)
+def gae_packed_pairs(rewards, values, next_values, has_next, term, has_term, trunc, mask, has_mask,
+                     gcol, lcol, bound, carry, cu, adv, ret):
+    """Fused GAE on one float64 row of packed sequences (``cu`` the offsets,
+    scalar γ = ``gcol[0]`` and λ = ``lcol[0]``, γλ nonzero), sequences ``2u``
+    and ``2u + 1`` in one loop: two independent chains, as :func:`_gae_pair`
+    runs two rows, each sequence from its end; the longer one's first steps
+    then run alone.  The cases and flag arguments of :func:`gae_rows_fused`
+    (``bound`` and ``carry`` per sequence; with ``next_values`` both flags
+    read, zero-stride views of 0 when absent).  Float32 packed calls run
+    :func:`gae_packed_lanes` or the general kernel (see
+    :mod:`gaescan.backends.numba_cpu`).
+
+    Every step is the step of :func:`_gae_pair`, so each sequence's results
+    are the bits of :func:`gae_rows_fused` on that sequence as a row.
+    """
+    g = gcol[0]
+    gl = _f8(g) * _f8(lcol[0])
+    n = cu.shape[0] - 1
+    for u in prange((n + 1) // 2):
+        s0 = 2 * np.int64(u)
+        s1 = s0 + 1 if s0 + 1 < n else s0
+        e0 = cu[s0 + 1]
+        e1 = cu[s1 + 1]
+        n0 = e0 - cu[s0]
+        n1 = e1 - cu[s1] if s1 != s0 else np.int64(0)
+        a0 = _f8(carry[s0])
+        v0 = bound[s0]
+        a1 = _f8(carry[s1])
+        v1 = bound[s1]
+        k = min(n0, n1)
+        a0, v0, a1, v1 = _seq_pair(rewards, values, next_values, term, trunc, mask, adv, ret, has_next, has_term,
+                                   has_mask, e0, e1, k, g, gl, a0, v0, a1, v1)
+        # the longer sequence's first steps, in one loop for either
+        e, m, a, vn = (e0, n0, a0, v0) if n0 > k else (e1, n1, a1, v1)
+        for j in range(k, m):
+            a, vn = _seq_step(rewards, values, next_values, term, trunc, mask, adv, ret, has_next, has_term,
+                              has_mask, np.uint64(e - 1 - j), g, gl, a, vn)
 
 
 @kernel(
