@@ -194,11 +194,11 @@ def _gae(p: GAEProblem, keep: bool) -> Any:
 
 # The packed-lanes kernel runs sequences of at least this many steps on
 # average: shorter ones run mostly one step at a time (the lanes' heads and
-# tails), where the pairs kernel runs two sequences per loop.
+# tails), where the general kernel runs two sequences per loop.
 PACKED_MIN_MEAN_STEPS = 256
 # One lane runs a whole sequence: a sequence that holds more than this
 # fraction of the steps is the call's critical path, one step at a time, where
-# the pairs kernel runs it beside the others.  A lane's share of the steps
+# the general kernel runs it beside the others.  A lane's share of the steps
 # with two groups of eight lanes; a fixed fraction, not one per thread count,
 # so that the kernel, and with it the bits, never depend on the thread count.
 PACKED_MAX_SEQUENCE_SHARE = 1 / 16
