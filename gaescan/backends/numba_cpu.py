@@ -210,7 +210,8 @@ def _gae_packed(p: GAEProblem, rows: Rows) -> bool:
     decays, a mask with ``next_values``), which the general kernel runs.
 
     :func:`gaescan.kernels.cpu.gae_packed_lanes` (eight sequences in SIMD
-    lanes) runs float32 calls where it serves (:func:`_packed_lanes_ok`),
+    lanes) runs float32 calls where it serves (:func:`_packed_lanes_fit` and
+    every array contiguous along time),
     :func:`gaescan.kernels.cpu.gae_packed_pairs` (two at a time) float64
     ones.  Other float32 calls (short sequences, few of them, one that holds
     much of the steps) run as fast on the general kernel, which they keep
@@ -220,50 +221,51 @@ def _gae_packed(p: GAEProblem, rows: Rows) -> bool:
     has_next = p.next_values is not None
     if has_next and p.mask is not None:
         return False
+    lanes = rows.dtype == _F4
+    if lanes and not _packed_lanes_fit(p, rows):
+        return False  # float32 the pairs kernel does not serve faster than the general one
     r, v = _data(p.rewards, rows), _data(p.values, rows)
     nv = _data(p.next_values, rows) if has_next else v
+    term = None if p.terminated is None else _flag8(p.terminated)
+    trunc = None if p.truncated is None else _flag8(p.truncated)
+    mask = None if p.mask is None else _flag8(p.mask)
+    if lanes and not all(_along_time(x) for x in (r, v, nv, term, trunc, mask, p.advantages, p.returns)
+                         if x is not None):
+        return False
     gcol, lcol = _const_col(p.gamma, 1, rows.dtype), _const_col(p.lam, 1, rows.dtype)
     narrow = _gae_narrow(p, rows, gcol, lcol)
     bound, carry = _bound(p.last_value, rows), _bound(p.last_advantage, rows)
-    term = None if p.terminated is None else _flag8(p.terminated)
-    trunc = None if p.truncated is None else _flag8(p.truncated)
-    mask = _NO_FLAGS if p.mask is None else _flag8(p.mask)
-    if _packed_lanes_ok(rows, r, v, nv, term, trunc, mask if p.mask is not None else None, has_next,
-                        p.advantages, p.returns):
+    if lanes:
         order, groups = _packed_order(rows.cu_seqlens, max(1, min(numba.get_num_threads(), rows.nseg // 8)))
         _run(cpu.gae_packed_lanes, narrow)(
             r, v, nv, has_next, _NO_FLAGS if term is None else term, term is not None,
-            _NO_FLAGS if trunc is None else trunc, mask, p.mask is not None,
+            _NO_FLAGS if trunc is None else trunc, _NO_FLAGS if mask is None else mask, mask is not None,
             gcol, lcol, bound, carry, rows.cu_seqlens, order, groups,
             *_stream(p.advantages, p.returns), p.advantages, p.returns)
         return True
-    if rows.dtype == _F4:
-        return False  # float32 the pairs kernel does not serve faster than the general one
     # Absent flags: zero-stride views of 0 (the step with next values reads both).
     zeros = np.ndarray(r.shape, np.uint8, _ZERO8, 0, (0, 0))
     _run(cpu.gae_packed_pairs, narrow)(
         r, v, nv, has_next, zeros if term is None else term, term is not None, zeros if trunc is None else trunc,
-        mask, p.mask is not None, gcol, lcol, bound, carry, rows.cu_seqlens, p.advantages, p.returns)
+        _NO_FLAGS if mask is None else mask, mask is not None, gcol, lcol, bound, carry, rows.cu_seqlens,
+        p.advantages, p.returns)
     return True
 
 
-def _packed_lanes_ok(rows: Rows, r: np.ndarray, v: np.ndarray, nv: np.ndarray, term: np.ndarray | None,
-                     trunc: np.ndarray | None, mask: np.ndarray | None, has_next: bool, adv: np.ndarray,
-                     ret: np.ndarray) -> bool:
-    """Whether :func:`gaescan.kernels.cpu.gae_packed_lanes` serves a packed
-    call (flags as uint8 views or ``None``): float32, at least 8 sequences,
-    long ones on average (``PACKED_MIN_MEAN_STEPS``), none of more than
+def _packed_lanes_fit(p: GAEProblem, rows: Rows) -> bool:
+    """Whether a float32 packed call is shaped for
+    :func:`gaescan.kernels.cpu.gae_packed_lanes` (read before any array is
+    converted): at least 8 sequences, long ones on average
+    (``PACKED_MIN_MEAN_STEPS``), none of more than
     ``PACKED_MAX_SEQUENCE_SHARE`` of the steps, above ``SERIAL_MAX_STEPS``
-    steps, ``next_values`` with both flags, and every array it reads with its
-    steps consecutive in memory."""
+    steps, and ``next_values`` with both flags.  The kernel also needs every
+    array it reads with its steps consecutive in memory (the caller checks)."""
     S, N = rows.nseg, rows.T
-    if rows.dtype != _F4 or S < 8 or N < PACKED_MIN_MEAN_STEPS * S or N <= SERIAL_MAX_STEPS:
+    if S < 8 or N < PACKED_MIN_MEAN_STEPS * S or N <= SERIAL_MAX_STEPS:
         return False
     if int(np.diff(rows.cu_seqlens).max()) > PACKED_MAX_SEQUENCE_SHARE * N:
         return False
-    if has_next and (term is None or trunc is None):
-        return False
-    return all(_along_time(x) for x in (r, v, nv, term, trunc, mask, adv, ret) if x is not None)
+    return p.next_values is None or (p.terminated is not None and p.truncated is not None)
 
 
 # From this many bytes of each output up, the lanes kernels write the outputs
